@@ -1,0 +1,140 @@
+"""HTTP API (API Gateway HTTP API, payload v2) -> Powertools resolver with validation and OpenAPI.
+
+Thin: parse, call one service in ``duetime.jobs``, map the result. Errors are JSON
+``{"error": {"code", "message", "field"}}``; bad input is a 4xx naming the field, never a 500.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.logging import correlation_paths
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from duetime import jobs
+from duetime.api_models import CreateJobRequest, ErrorResponse, JobResponse, RunListResponse, RunResponse
+from duetime.deps import default_deps
+from duetime.errors import NotFoundError, ScheduleError
+from duetime.observability import logger
+from duetime.store import JobExistsError
+
+app = APIGatewayHttpResolver(enable_validation=True)
+
+#: Tenant of requests that carry no authorizer identity (the single-tenant local stack).
+DEFAULT_TENANT = "local"
+
+
+def current_tenant() -> str:
+    """The caller's tenant from the HTTP API authorizer context (JWT ``sub`` or the IAM principal)."""
+    authorizer: dict[str, Any] = (app.current_event.raw_event.get("requestContext") or {}).get("authorizer") or {}
+    jwt = authorizer.get("jwt") or {}
+    claims = jwt.get("claims") or {}
+    if claims.get("tenant") or claims.get("sub"):
+        return str(claims.get("tenant") or claims["sub"])
+    iam = authorizer.get("iam") or {}
+    if iam.get("userArn"):
+        return str(iam["userArn"])
+    lam = authorizer.get("lambda") or {}
+    if lam.get("tenant"):
+        return str(lam["tenant"])
+    return DEFAULT_TENANT
+
+
+def error(status: int, code: str, message: str, field: str | None = None) -> Response[str]:
+    body = ErrorResponse.model_validate({"error": {"code": code, "message": message, "field": field}})
+    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=body.model_dump_json())
+
+
+def _field_of(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    # pydantic adds the union member / validator name for tagged types; keep field names and indexes
+    return ".".join(p for p in parts if not p.startswith("function-")) or "body"
+
+
+@app.exception_handler(RequestValidationError)
+def _validation_error(exc: RequestValidationError) -> Response[str]:
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    field = _field_of(tuple(first.get("loc", ())))
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return error(400, "invalid_json", "the request body is not valid JSON", "body")
+    message = f"{field}: {first.get('msg', 'invalid value')}"
+    if kind == "extra_forbidden":
+        message = f"{field}: unknown field"
+    return error(400, "validation_error", message, field)
+
+
+@app.exception_handler(ScheduleError)
+def _schedule_error(exc: ScheduleError) -> Response[str]:
+    return error(400, "invalid_schedule", exc.message, exc.field)
+
+
+@app.exception_handler(NotFoundError)
+def _not_found(exc: NotFoundError) -> Response[str]:
+    return error(404, "not_found", str(exc))
+
+
+@app.exception_handler(JobExistsError)
+def _exists(exc: JobExistsError) -> Response[str]:
+    return error(409, "job_exists", str(exc), "job_id")
+
+
+@app.not_found
+def _no_route(_: Exception) -> Response[str]:
+    return error(404, "no_such_route", f"no route {app.current_event.http_method} {app.current_event.path}")
+
+
+@app.get("/healthz")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@app.post("/jobs")
+def create_job(body: CreateJobRequest) -> Response[str]:
+    job = jobs.create_job(body, tenant=current_tenant(), deps=default_deps())
+    return Response(
+        status_code=201,
+        content_type=content_types.APPLICATION_JSON,
+        body=JobResponse.of(job).model_dump_json(),
+        headers={"Location": f"/jobs/{job.job_id}"},
+    )
+
+
+@app.get("/jobs/<job_id>")
+def get_job(job_id: str) -> JobResponse:
+    return JobResponse.of(jobs.get_job(job_id, tenant=current_tenant(), deps=default_deps()))
+
+
+@app.get("/jobs/<job_id>/runs")
+def list_runs(job_id: str, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> RunListResponse:
+    runs = jobs.list_runs(job_id, tenant=current_tenant(), deps=default_deps(), limit=limit)
+    return RunListResponse(runs=[RunResponse.of(r) for r in runs])
+
+
+@app.get("/runs/<run_id>")
+def get_run(run_id: str) -> RunResponse:
+    return RunResponse.of(jobs.get_run(run_id, tenant=current_tenant(), deps=default_deps()))
+
+
+@app.get("/runs/<run_id>/logs")
+def get_run_logs(run_id: str, attempt: Annotated[int | None, Query(ge=1)] = None) -> Response[str]:
+    text = jobs.get_run_log(run_id, tenant=current_tenant(), deps=default_deps(), attempt=attempt)
+    return Response(status_code=200, content_type="text/plain; charset=utf-8", body=text)
+
+
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return app.resolve(json_bodies(event), context)
+
+
+def json_bodies(event: dict[str, Any]) -> dict[str, Any]:
+    """The API speaks only JSON: a body sent as a form (curl -d's default content type) is read as JSON."""
+    headers = event.get("headers") or {}
+    if event.get("body") and headers.get("content-type", "").startswith(FORM_CONTENT_TYPES):
+        event = {**event, "headers": {**headers, "content-type": "application/json"}}
+    return event
+
+
+FORM_CONTENT_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data", "text/plain")

@@ -1,0 +1,29 @@
+"""Tick: claim the due runs of one shard. Invoked once a minute per shard by EventBridge Scheduler with
+``{"shard": N}`` (the local stack's clock loop does the same)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from duetime.claims import tick
+from duetime.deps import default_deps
+from duetime.observability import logger, metrics
+
+
+@logger.inject_lambda_context
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    shard = int(event["shard"])
+    result = tick(shard, default_deps())
+    metrics.add_metric(name="RunsClaimed", unit=MetricUnit.Count, value=result.claimed)
+    if result.errors:
+        metrics.add_metric(name="ClaimErrors", unit=MetricUnit.Count, value=result.errors)
+    return {
+        "shard": shard,
+        "claimed": result.claimed,
+        "already_claimed": result.already_claimed,
+        "not_advanced": result.not_advanced,
+        "errors": result.errors,
+    }

@@ -1,0 +1,3 @@
+from duetime.cli import main
+
+main()

@@ -1,0 +1,119 @@
+"""Request and response models of the HTTP API (validated by the Powertools resolver, shown in OpenAPI)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from duetime.models import (
+    MAX_TIMEOUT_SECONDS,
+    AttemptRecord,
+    ContainerTask,
+    Instant,
+    Job,
+    JobId,
+    JobState,
+    RetryPolicy,
+    Run,
+    RunEvent,
+    RunState,
+    ScheduleSpec,
+    Trigger,
+)
+
+
+class CreateJobRequest(BaseModel):
+    """``POST /jobs`` body. Omit ``schedule`` (or send null) to run the task once, now."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "hello",
+                    "schedule": {"expression": "rate(1 minute)", "timezone": "UTC"},
+                    "task": {"kind": "container", "command": ["sh", "-c", "echo hello $DUETIME_RUN_ID"]},
+                }
+            ]
+        },
+    )
+
+    job_id: JobId | None = Field(default=None, description="Your own id; generated when omitted")
+    name: str = Field(min_length=1, max_length=128)
+    schedule: ScheduleSpec | None = None
+    task: ContainerTask
+    timeout_seconds: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_SECONDS, description="per attempt, s")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+
+
+class JobResponse(BaseModel):
+    """A job as the API shows it."""
+
+    job_id: str
+    name: str
+    tenant: str
+    state: JobState
+    schedule: ScheduleSpec | None
+    task: ContainerTask
+    timeout_seconds: int
+    retry: RetryPolicy
+    next_fire_at: Instant | None
+    created_at: Instant
+    updated_at: Instant
+
+    @classmethod
+    def of(cls, job: Job) -> JobResponse:
+        return cls.model_validate(job.model_dump(exclude={"shard", "anchor", "version"}))
+
+
+class RunResponse(BaseModel):
+    """A run as the API shows it: its state, current attempt, outcome and history."""
+
+    run_id: str
+    job_id: str
+    due_at: Instant
+    state: RunState
+    attempt: int
+    max_attempts: int
+    trigger: Trigger
+    fencing_token: int
+    started_at: Instant | None
+    finished_at: Instant | None
+    exit_code: int | None
+    error: str | None
+    lease_owner: str | None
+    lease_expires_at: Instant | None
+    dead_lettered: bool
+    missed_slots: int
+    lag_seconds: float | None = Field(description="started_at - due_at of the current attempt, seconds")
+    attempts: list[AttemptRecord]
+    events: list[RunEvent]
+
+    @classmethod
+    def of(cls, run: Run) -> RunResponse:
+        data: dict[str, Any] = run.model_dump(
+            exclude={"tenant", "shard", "task", "timeout_seconds", "retry", "log_key", "watch_at", "created_at"}
+        )
+        data["run_id"] = run.run_id
+        data["lag_seconds"] = (
+            round((run.started_at - run.due_at).total_seconds(), 3) if run.started_at is not None else None
+        )
+        return cls.model_validate(data)
+
+
+class RunListResponse(BaseModel):
+    runs: list[RunResponse]
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every error the API returns has this shape."""
+
+    error: ErrorBody

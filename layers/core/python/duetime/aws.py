@@ -1,0 +1,36 @@
+"""Cached boto3 clients, created lazily (never at import time: that breaks moto and costs cold starts).
+
+Endpoints come from the standard ``AWS_ENDPOINT_URL`` variable (boto3 >= 1.28), which is how the local
+stack points every process at its moto server.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+_lock = threading.Lock()
+_clients: dict[str, Any] = {}
+
+#: Standard retry mode: SDK retries throttling and 5xx with backoff ([S0] backoff applies to us too).
+_CONFIG = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=32)
+
+
+def client(service: str) -> Any:
+    """A process-wide boto3 client for ``service`` (thread-safe to share, created once)."""
+    found = _clients.get(service)
+    if found is not None:
+        return found
+    with _lock:
+        if service not in _clients:
+            _clients[service] = boto3.session.Session().client(service, config=_CONFIG)  # type: ignore[call-overload]
+        return _clients[service]
+
+
+def reset_clients() -> None:
+    """Forget cached clients (tests that start a fresh moto mock call this)."""
+    with _lock:
+        _clients.clear()

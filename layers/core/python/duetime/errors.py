@@ -1,0 +1,47 @@
+"""Duetime's own errors. Adapters translate SDK errors into these in one place (``store.py``)."""
+
+from __future__ import annotations
+
+
+class DuetimeError(Exception):
+    """Base class of every error Duetime raises on purpose."""
+
+
+class ScheduleError(DuetimeError, ValueError):
+    """A schedule expression or time zone is invalid, or can never fire.
+
+    ``field`` names the offending request field (``schedule.expression`` or ``schedule.timezone``).
+    """
+
+    def __init__(self, message: str, field: str = "schedule.expression") -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class NotFoundError(DuetimeError):
+    """A job or run does not exist (or belongs to another tenant: the caller is told the same)."""
+
+    def __init__(self, kind: str, ident: str) -> None:
+        super().__init__(f"{kind} {ident!r} not found")
+        self.kind = kind
+        self.ident = ident
+
+
+class AlreadyClaimedError(DuetimeError):
+    """The run ``(job_id, due_at)`` already exists: an earlier or overlapping claim made it."""
+
+
+class StaleClaimError(DuetimeError):
+    """The job's ``next_fire_at`` moved on since we read it: another tick advanced it."""
+
+
+class StartRejectedError(DuetimeError):
+    """A start (PENDING -> RUNNING) failed its condition: duplicate or stale message."""
+
+
+class LeaseLostError(DuetimeError):
+    """A heartbeat or finish carried a fencing token that is no longer current.
+
+    The worker holding that token has lost the run and must stop its task.
+    """

@@ -1,0 +1,1 @@
+"""The embedded local stack: moto's server on loopback, the real handlers, a clock loop and worker processes."""

@@ -1,0 +1,89 @@
+"""Load and invoke the real Lambda handlers of ``functions/<role>/handler.py`` in-process, as Lambda would."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from aws_lambda_powertools.metrics.functions import is_metrics_disabled
+
+import duetime
+from duetime.observability import metrics
+
+
+def functions_dir() -> Path:
+    """Where the handlers live: ``$DUETIME_FUNCTIONS_DIR``, else the ``functions/`` beside the project root.
+
+    Raises:
+        FileNotFoundError: if no ``functions/`` directory with an ``api`` handler is found.
+    """
+    env = os.environ.get("DUETIME_FUNCTIONS_DIR")
+    candidates = [Path(env)] if env else []
+    package_dir = Path(duetime.__file__).resolve().parent
+    candidates += [parent / "functions" for parent in package_dir.parents]
+    candidates.append(Path.cwd() / "functions")
+    for candidate in candidates:
+        if (candidate / "api" / "handler.py").is_file():
+            return candidate
+    raise FileNotFoundError("cannot find functions/api/handler.py; set DUETIME_FUNCTIONS_DIR")
+
+
+def project_root() -> Path:
+    """The directory holding ``functions/`` (and ``examples/``)."""
+    return functions_dir().parent
+
+
+@cache
+def load_module(role: str) -> ModuleType:
+    """Import ``functions/<role>/handler.py`` under the module name ``duetime_function_<role>``."""
+    path = functions_dir() / role / "handler.py"
+    spec = importlib.util.spec_from_file_location(f"duetime_function_{role}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class LocalLambdaContext:
+    """The parts of Lambda's context object that handlers and Powertools read."""
+
+    function_name: str
+    memory_limit_in_mb: int = 512
+    timeout_seconds: float = 60.0
+    aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    function_version: str = "$LATEST"
+    log_group_name: str = "local"
+    log_stream_name: str = "local"
+    _started: float = field(default_factory=time.monotonic)
+
+    @property
+    def invoked_function_arn(self) -> str:
+        return f"arn:aws:lambda:us-east-1:000000000000:function:{self.function_name}"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self.timeout_seconds - (time.monotonic() - self._started)) * 1000))
+
+
+def handler(role: str) -> Callable[[dict[str, Any]], Any]:
+    """A callable ``event -> result`` that invokes ``functions/<role>/handler.py:lambda_handler``."""
+    fn = load_module(role).lambda_handler
+
+    def invoke(event: dict[str, Any]) -> Any:
+        try:
+            return fn(event, LocalLambdaContext(function_name=f"duetime-{role}"))
+        finally:
+            if is_metrics_disabled():
+                # Powertools keeps disabled metrics in memory and prints them once 100 accumulate
+                metrics.clear_metrics()
+
+    return invoke

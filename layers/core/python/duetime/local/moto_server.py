@@ -1,0 +1,67 @@
+"""moto's server on 127.0.0.1 with DynamoDB requests serialised.
+
+moto's DynamoDB has no locking: concurrent writers lose updates and a failed transaction restores a table
+snapshot over concurrent writes (DESIGN.md section 9). One lock in front of every DynamoDB request restores
+the per-item atomicity that Duetime's conditional writes rely on. Other services (SQS long polls!) are not
+serialised.
+
+Run as ``python -m duetime.local.moto_server [--host H] [--port P]``; it prints ``PORT <n>`` once listening.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class SerializeDynamoDB:
+    """WSGI middleware: one DynamoDB request at a time; the whole response is produced under the lock."""
+
+    def __init__(self, app: WSGIApp) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        target = environ.get("HTTP_X_AMZ_TARGET", "")
+        if target.startswith("DynamoDB_"):
+            with self.lock:
+                return list(self.app(environ, start_response))
+        return self.app(environ, start_response)
+
+
+def make_app() -> WSGIApp:
+    """moto's multi-service WSGI app wrapped in :class:`SerializeDynamoDB`."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+    return SerializeDynamoDB(DomainDispatcherApplication(create_backend_app))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 = a free port")
+    args = parser.parse_args(argv)
+
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
+    from werkzeug.serving import make_server
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = make_server(args.host, args.port, make_app(), threaded=True, request_handler=MotoRequestHandler)
+    print(f"PORT {server.server_port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""``duetime local``: the whole system on one machine, against moto's server on loopback.
+
+Processes and threads:
+- moto's server (a child process, DynamoDB serialised: see :mod:`duetime.local.moto_server`);
+- the HTTP API (a thread serving ``functions/api`` through :class:`HttpApiAdapter`);
+- the clock loop (a thread invoking ``functions/tick`` once per shard and ``functions/sweeper`` every period,
+  as EventBridge Scheduler would);
+- worker processes (``duetime worker --tier T``, restarted if they die, as a Fargate service would).
+
+It writes ``.duetime/local.json`` (API URL, AWS endpoint, resource names, the environment workers need) and
+runs until SIGINT/SIGTERM, then stops every process it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import warnings
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from duetime.resources import ResourceNames, create_all
+from duetime.settings import CONTAINER_TIERS, Settings, get_settings, settings_to_env
+
+STATE_DIR = Path(".duetime")
+STATE_FILE = STATE_DIR / "local.json"
+
+#: Fake credentials: moto accepts anything; real ones must never reach it.
+LOCAL_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+}
+
+
+@dataclass
+class LocalOptions:
+    api_port: int = 8765
+    tick_seconds: float = 60.0
+    workers: int = 2
+    demo: bool = True
+    shards: int = 4
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 10.0
+    pending_grace_seconds: float = 60.0
+    prefix: str = "duetime"
+    verbose: bool = False
+    state_file: Path = STATE_FILE
+    demo_file: Path | None = None
+
+
+@dataclass
+class LocalStack:
+    """A running local stack; :meth:`stop` tears it down."""
+
+    options: LocalOptions
+    api_url: str = ""
+    aws_endpoint: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    _moto: subprocess.Popen[str] | None = None
+    _workers: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _api_server: Any = None
+
+    # ---- start ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        opts = self.options
+        self._start_moto()
+        names = ResourceNames.for_prefix(opts.prefix)
+        os.environ.update(LOCAL_AWS_ENV)
+        os.environ["AWS_ENDPOINT_URL"] = self.aws_endpoint
+        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO" if opts.verbose else "WARNING")
+        os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "false" if opts.verbose else "true")
+        warnings.filterwarnings("ignore", message="No application metrics to publish")
+        from duetime import aws
+
+        aws.reset_clients()
+        queue_urls = create_all(names)
+        settings = Settings(
+            jobs_table=names.jobs_table,
+            runs_table=names.runs_table,
+            logs_bucket=names.logs_bucket,
+            queue_urls=queue_urls,
+            shard_count=opts.shards,
+            tick_period_seconds=opts.tick_seconds,
+            tick_margin_seconds=min(15.0, max(2.0, opts.tick_seconds / 4)),
+            lease_seconds=opts.lease_seconds,
+            heartbeat_seconds=opts.heartbeat_seconds,
+            pending_grace_seconds=opts.pending_grace_seconds,
+        )
+        self.env = {
+            **LOCAL_AWS_ENV,
+            "AWS_ENDPOINT_URL": self.aws_endpoint,
+            "POWERTOOLS_LOG_LEVEL": os.environ["POWERTOOLS_LOG_LEVEL"],
+            "POWERTOOLS_METRICS_DISABLED": os.environ["POWERTOOLS_METRICS_DISABLED"],
+            **settings_to_env(settings),
+        }
+        os.environ.update(self.env)
+        get_settings.cache_clear()
+        from duetime.deps import default_deps
+
+        default_deps.cache_clear()
+
+        self._start_api()
+        self._write_state(names, queue_urls)
+        print(f"API: {self.api_url}", flush=True)
+        print(f"AWS endpoint: {self.aws_endpoint}", flush=True)
+        print(f"State: {opts.state_file.resolve()}", flush=True)
+        self._start_clock()
+        for tier in CONTAINER_TIERS:
+            for _ in range(opts.workers):
+                self._spawn_worker(tier)
+        self._start_supervisor()
+        if opts.demo:
+            self._submit_demo_jobs()
+        print(
+            f"Ready: tick every {opts.tick_seconds:g} s over {opts.shards} shards, "
+            f"{opts.workers} worker(s) per tier {', '.join(CONTAINER_TIERS)}. Ctrl-C stops.",
+            flush=True,
+        )
+
+    def _start_moto(self) -> None:
+        self._moto = subprocess.Popen(
+            [sys.executable, "-m", "duetime.local.moto_server", "--host", "127.0.0.1", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=None if self.options.verbose else subprocess.DEVNULL,
+            text=True,
+        )
+        assert self._moto.stdout is not None
+        line = self._moto.stdout.readline().strip()
+        if not line.startswith("PORT "):
+            self._moto.kill()
+            raise RuntimeError(f"moto server did not start (said {line!r})")
+        self.aws_endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def _start_api(self) -> None:
+        from werkzeug.serving import make_server
+
+        from duetime.local.http_adapter import HttpApiAdapter
+        from duetime.local.lambda_runtime import handler
+
+        app = HttpApiAdapter(handler("api"))
+        self._api_server = make_server("127.0.0.1", self.options.api_port, app, threaded=True)
+        self.api_url = f"http://127.0.0.1:{self._api_server.server_port}"
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.INFO if self.options.verbose else logging.WARNING)
+        self._thread(self._api_server.serve_forever, "api")
+
+    def _write_state(self, names: ResourceNames, queue_urls: dict[str, str]) -> None:
+        path = self.options.state_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "api_url": self.api_url,
+            "aws_endpoint": self.aws_endpoint,
+            "region": LOCAL_AWS_ENV["AWS_DEFAULT_REGION"],
+            "tables": {"jobs": names.jobs_table, "runs": names.runs_table},
+            "bucket": names.logs_bucket,
+            "queues": queue_urls,
+            "queue_names": names.queues,
+            "dead_letter_queues": names.dead_letter_queues,
+            "pid": os.getpid(),
+            "env": self.env,
+        }
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(path)
+
+    def _thread(self, target: Any, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _start_clock(self) -> None:
+        from duetime.local.lambda_runtime import handler
+
+        tick, sweeper = handler("tick"), handler("sweeper")
+        period = self.options.tick_seconds
+
+        def loop() -> None:
+            next_at = time.monotonic()
+            while not self._stopping.is_set():
+                for shard in range(self.options.shards):
+                    try:
+                        result = tick({"shard": shard})
+                        if result.get("claimed"):
+                            print(f"tick: shard {shard} claimed {result['claimed']} run(s)", flush=True)
+                    except Exception as exc:  # noqa: BLE001 - the loop must survive a failed invocation
+                        print(f"tick: shard {shard} failed: {exc!r}", file=sys.stderr, flush=True)
+                try:
+                    sweeper({})
+                except Exception as exc:  # noqa: BLE001
+                    print(f"sweeper failed: {exc!r}", file=sys.stderr, flush=True)
+                next_at += period
+                self._stopping.wait(max(0.0, next_at - time.monotonic()))
+
+        self._thread(loop, "clock")
+
+    def _spawn_worker(self, tier: str) -> None:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "duetime", "worker", "--tier", tier],
+            env={**os.environ, **self.env, "DUETIME_WORKER_ECHO": "1"},
+            start_new_session=True,
+        )
+        self._workers.append((tier, proc))
+
+    def _start_supervisor(self) -> None:
+        def loop() -> None:
+            while not self._stopping.wait(1.0):
+                for i, (tier, proc) in enumerate(list(self._workers)):
+                    if proc.poll() is not None and not self._stopping.is_set():
+                        print(f"worker {proc.pid} ({tier}) exited with {proc.returncode}; restarting", flush=True)
+                        self._workers.remove((tier, proc))
+                        self._spawn_worker(tier)
+                        del i
+
+        self._thread(loop, "supervisor")
+
+    def _submit_demo_jobs(self) -> None:
+        from duetime.local.lambda_runtime import project_root
+
+        path = self.options.demo_file or project_root() / "examples" / "demo_jobs.json"
+        if not path.is_file():
+            print(f"demo: {path} not found; no demo jobs", flush=True)
+            return
+        # "{now+20s}" in a demo expression becomes the UTC wall time 20 seconds from now
+        text = re.sub(
+            r"\{now\+(\d+)s\}",
+            lambda m: (datetime.now(UTC) + timedelta(seconds=int(m.group(1)))).strftime("%Y-%m-%dT%H:%M:%S"),
+            path.read_text(),
+        )
+        for body in json.loads(text):
+            request = urllib.request.Request(
+                f"{self.api_url}/jobs", data=json.dumps(body).encode(), method="POST",
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    job = json.loads(response.read())
+                print(f"demo: job {job['job_id']} {job['name']!r} next fire {job['next_fire_at']}", flush=True)
+            except urllib.error.HTTPError as exc:
+                print(f"demo: {body.get('name')!r} rejected: {exc.read().decode()}", flush=True)
+
+    # ---- stop ----------------------------------------------------------------------------------------
+    def wait(self) -> None:
+        """Block until SIGINT or SIGTERM, then stop."""
+        stop = threading.Event()
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            stop.set()
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        while not stop.wait(0.5):
+            pass
+        print("stopping...", flush=True)
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop workers (SIGTERM, then SIGKILL after 10 s), the API, the clock loop and moto's server."""
+        self._stopping.set()
+        for _, proc in self._workers:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 10
+        for _, proc in self._workers:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        if self._api_server is not None:
+            self._api_server.shutdown()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        if self._moto is not None and self._moto.poll() is None:
+            self._moto.terminate()
+            try:
+                self._moto.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._moto.kill()
+                self._moto.wait()

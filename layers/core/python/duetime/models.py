@@ -1,0 +1,239 @@
+"""Domain models: jobs, runs, attempts and the queue message.
+
+A job is split the way Temporal splits a schedule: ``schedule`` (when), ``task`` (what), policies
+(``retry``, ``timeout_seconds``) and ``state``. A run is one due time of one job; its id is derived from
+``(job_id, due_at)`` and is the idempotency key handed to the task (DESIGN.md sections 3 and 5).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, PlainSerializer
+
+from duetime.timeutil import from_epoch_ms, to_epoch_ms, to_iso
+
+#: An aware instant, shown in JSON as fixed-width UTC with milliseconds: ``2026-11-29T18:52:10.123Z``.
+Instant = Annotated[AwareDatetime, PlainSerializer(to_iso, return_type=str, when_used="json")]
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+_JOB_ID_RE = re.compile(JOB_ID_PATTERN)
+JobId = Annotated[str, Field(pattern=JOB_ID_PATTERN, description="Job id: 1-64 of A-Z a-z 0-9 _ -")]
+
+
+class JobState(StrEnum):
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+    COMPLETED = "COMPLETED"
+    DELETED = "DELETED"
+
+
+class RunState(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    TIMED_OUT = "TIMED_OUT"
+    CANCELLED = "CANCELLED"
+    SKIPPED = "SKIPPED"
+    RETRY_WAIT = "RETRY_WAIT"
+
+    @property
+    def terminal(self) -> bool:
+        """True for states a run never leaves (it has dropped out of the watchdog index)."""
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {RunState.SUCCEEDED, RunState.FAILED, RunState.TIMED_OUT, RunState.CANCELLED, RunState.SKIPPED}
+)
+
+
+class Trigger(StrEnum):
+    """Why a run exists (DESIGN.md section 3)."""
+
+    SCHEDULE = "schedule"
+    MANUAL = "manual"
+    RETRY = "retry"
+    BACKFILL = "backfill"
+    TIMEOUT_HANDLER = "timeout-handler"
+
+
+Tier = Literal["small", "medium", "large"]
+
+
+def _no_empty_args(argv: list[str]) -> list[str]:
+    if not argv[0].strip():
+        raise ValueError("the program (first element of command) must not be empty")
+    return argv
+
+
+class ScheduleSpec(BaseModel):
+    """When a job fires. ``None`` instead of a schedule means "run once, now"."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    expression: str = Field(
+        min_length=1,
+        max_length=256,
+        description="`rate(N minutes|hours|days)`, `at(yyyy-mm-ddThh:mm:ss)` or a cron expression",
+        examples=["rate(5 minutes)", "at(2026-12-01T10:00:00)", "cron(0 12 ? * MON-FRI *)", "*/15 * * * *"],
+    )
+    timezone: str = Field(
+        default="UTC", min_length=1, max_length=64, description="IANA time zone name", examples=["UTC"]
+    )
+    start_at: Instant | None = Field(default=None, description="No fire before this instant")
+    end_at: Instant | None = Field(default=None, description="No fire after this instant")
+
+
+class ContainerTask(BaseModel):
+    """A command run by a worker of ``tier`` in a subprocess (argv, no shell unless you ask for one)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["container"] = "container"
+    command: Annotated[
+        list[Annotated[str, Field(max_length=8192)]],
+        Field(min_length=1, max_length=256),
+        AfterValidator(_no_empty_args),
+    ] = Field(description="argv list", examples=[["sh", "-c", "echo hello $DUETIME_RUN_ID"]])
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)], str] = Field(
+        default_factory=dict, description="extra environment variables for the task"
+    )
+    tier: Tier = Field(default="small", description="resource tier: which worker fleet runs it")
+
+
+class RetryPolicy(BaseModel):
+    """Retries of failed attempts: exponential backoff with full jitter (defaults from [S0])."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_attempts: int = Field(default=3, ge=1, le=100, description="attempts in all, the first included")
+    backoff_seconds: float = Field(default=10.0, ge=0, le=86400, description="delay before attempt 2, s")
+    backoff_multiplier: float = Field(default=4.0, ge=1, le=100)
+    max_backoff_seconds: float = Field(default=900.0, ge=0, le=7 * 86400, description="cap on any delay, s")
+    jitter: Literal["full", "none"] = Field(default="full", description="full jitter (AWS) or none")
+
+
+#: One week: the longest run timeout accepted.
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+
+
+class Job(BaseModel):
+    """A job as stored. ``next_fire_at`` is present only while the job has a future fire."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: JobId
+    tenant: str
+    name: str
+    schedule: ScheduleSpec | None
+    task: ContainerTask
+    timeout_seconds: int
+    retry: RetryPolicy
+    state: JobState
+    shard: int
+    next_fire_at: Instant | None
+    #: anchor of ``rate`` schedules (start_at or creation time), UTC.
+    anchor: Instant
+    created_at: Instant
+    updated_at: Instant
+    version: int = 1
+
+
+class AttemptRecord(BaseModel):
+    """What happened to one attempt of a run (the run's history)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    attempt: int
+    fencing_token: int
+    worker: str | None = None
+    started_at: Instant | None = None
+    finished_at: Instant | None = None
+    state: RunState
+    exit_code: int | None = None
+    reason: str | None = None
+    log_key: str | None = None
+
+
+class RunEvent(BaseModel):
+    """A notable event on a run that changed nothing, e.g. a stale finish that was rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    at: Instant
+    kind: str
+    detail: dict[str, str | int | None] = Field(default_factory=dict)
+
+
+class Run(BaseModel):
+    """One due time of one job, with its current attempt's lease."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: JobId
+    due_at: Instant
+    tenant: str
+    shard: int
+    state: RunState
+    attempt: int = 1
+    max_attempts: int = 1
+    fencing_token: int = 0
+    trigger: Trigger = Trigger.SCHEDULE
+    task: ContainerTask
+    timeout_seconds: int
+    retry: RetryPolicy
+    lease_owner: str | None = None
+    lease_expires_at: Instant | None = None
+    started_at: Instant | None = None
+    finished_at: Instant | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    log_key: str | None = None
+    #: non-terminal runs: when the sweeper must look at it (watchdog GSI); None once terminal.
+    watch_at: Instant | None = None
+    #: for catch-up: how many earlier slots were skipped when this one was claimed.
+    missed_slots: int = 0
+    dead_lettered: bool = False
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+    events: list[RunEvent] = Field(default_factory=list)
+    created_at: Instant
+
+    @property
+    def run_id(self) -> str:
+        return run_id_for(self.job_id, self.due_at)
+
+
+def run_id_for(job_id: str, due_at: datetime) -> str:
+    """The run id of ``(job_id, due_at)``: ``<job_id>.<due epoch ms>`` (stable: the idempotency key)."""
+    return f"{job_id}.{to_epoch_ms(due_at)}"
+
+
+def parse_run_id(run_id: str) -> tuple[str, datetime]:
+    """Split a run id into ``(job_id, due_at)`` (UTC).
+
+    Raises:
+        ValueError: if ``run_id`` is not ``<job_id>.<epoch ms>``.
+    """
+    job_id, sep, ms = run_id.rpartition(".")
+    if not sep or not ms.isdigit() or not _JOB_ID_RE.match(job_id):
+        raise ValueError(f"malformed run id {run_id!r}")
+    return job_id, from_epoch_ms(int(ms))
+
+
+class RunMessage(BaseModel):
+    """SQS message body: a wake-up for one attempt of one run. The run row stays the source of truth."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: JobId
+    due_at: Instant
+    attempt: int = Field(ge=1)
+
+    @property
+    def run_id(self) -> str:
+        return run_id_for(self.job_id, self.due_at)

@@ -1,0 +1,97 @@
+"""SQS adapter: run wake-up messages on per-tier delay queues.
+
+A message is only a wake-up; the run row is the source of truth ([S0] outbox). Lost messages are re-sent
+by the sweeper; duplicates fail the conditional start and are dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from duetime import aws
+from duetime.models import RunMessage
+from duetime.resources import SQS_MAX_DELAY_SECONDS
+
+
+def delay_seconds(due_at: datetime, now: datetime) -> int:
+    """SQS ``DelaySeconds`` for a run due at ``due_at``: ``ceil(due_at - now)`` clamped to 0..900.
+
+    The 900 s cap is SQS's limit; claims never look further ahead than that.
+    """
+    seconds = math.ceil((due_at - now).total_seconds())
+    return max(0, min(SQS_MAX_DELAY_SECONDS, seconds))
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    """One delivery of a run message. ``receive_count`` is SQS's ApproximateReceiveCount."""
+
+    message: RunMessage | None
+    receipt_handle: str
+    body: str
+    receive_count: int
+
+
+class SqsQueues:
+    """Send, receive and delete run messages on the tier queues.
+
+    Args:
+        queue_urls: tier -> queue URL.
+    """
+
+    def __init__(self, queue_urls: dict[str, str]) -> None:
+        self.queue_urls = dict(queue_urls)
+
+    @property
+    def _sqs(self) -> Any:
+        return aws.client("sqs")
+
+    def send(self, tier: str, message: RunMessage, *, delay: int = 0) -> None:
+        """Send ``message`` to ``tier``'s queue, delivered after ``delay`` seconds (0..900)."""
+        self._sqs.send_message(
+            QueueUrl=self.queue_urls[tier],
+            MessageBody=message.model_dump_json(),
+            DelaySeconds=max(0, min(SQS_MAX_DELAY_SECONDS, int(delay))),
+        )
+
+    def receive(
+        self, tier: str, *, max_messages: int = 1, wait_seconds: int = 1, visibility_seconds: int | None = None
+    ) -> list[ReceivedMessage]:
+        """Long-poll ``tier``'s queue. Bodies that are not run messages come back with ``message=None``."""
+        kwargs: dict[str, Any] = {
+            "QueueUrl": self.queue_urls[tier],
+            "MaxNumberOfMessages": max_messages,
+            "WaitTimeSeconds": wait_seconds,
+            "MessageSystemAttributeNames": ["ApproximateReceiveCount"],
+        }
+        if visibility_seconds is not None:
+            kwargs["VisibilityTimeout"] = visibility_seconds
+        out = self._sqs.receive_message(**kwargs)
+        received = []
+        for raw in out.get("Messages", []):
+            try:
+                message: RunMessage | None = RunMessage.model_validate_json(raw["Body"])
+            except ValueError:
+                message = None
+            count = int(raw.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
+            received.append(ReceivedMessage(message, raw["ReceiptHandle"], raw["Body"], count))
+        return received
+
+    def delete(self, tier: str, receipt_handle: str) -> None:
+        """Delete a received message (an expired receipt handle is ignored: someone else has it now)."""
+        try:
+            self._sqs.delete_message(QueueUrl=self.queue_urls[tier], ReceiptHandle=receipt_handle)
+        except self._sqs.exceptions.ReceiptHandleIsInvalid:
+            pass
+
+    def extend_visibility(self, tier: str, receipt_handle: str, seconds: int) -> None:
+        """Keep a message hidden for ``seconds`` more (while its run is being worked)."""
+        try:
+            self._sqs.change_message_visibility(
+                QueueUrl=self.queue_urls[tier], ReceiptHandle=receipt_handle, VisibilityTimeout=seconds
+            )
+        except Exception:  # noqa: BLE001 - best effort: the run row, not the message, is the truth
+            pass

@@ -1,0 +1,195 @@
+"""The shape of every AWS resource Duetime uses, defined once.
+
+The local stack creates tables and queues from these definitions (boto3 ``create_table`` /
+``create_queue`` arguments) and the CDK app (``infra/``) builds its constructs from the same constants, so the
+two cannot drift. Physical names are never hard-coded in AWS: the CDK app lets CloudFormation name them;
+locally they are ``<prefix>-<logical>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from duetime.settings import ALL_TIERS
+
+# --- jobs table -------------------------------------------------------------------------------------------
+JOBS_PK = "job_id"
+#: due GSI: (shard, next_fire_at); sparse, holds only jobs with a future fire (DESIGN.md section 3).
+DUE_INDEX = "due"
+DUE_INDEX_PK = "shard"
+DUE_INDEX_SK = "next_fire_at"
+#: per-tenant listing of jobs: (tenant, created_at).
+JOBS_BY_TENANT_INDEX = "by_tenant"
+TENANT_KEY = "tenant"
+CREATED_AT_KEY = "created_at"
+
+# --- runs table -------------------------------------------------------------------------------------------
+RUNS_PK = "job_id"
+RUNS_SK = "due_at"
+#: watchdog GSI: (watch_shard, watch_at); sparse, holds only non-terminal runs.
+WATCH_INDEX = "watchdog"
+WATCH_INDEX_PK = "watch_shard"
+WATCH_INDEX_SK = "watch_at"
+#: TTL attribute on runs (epoch seconds).
+RUNS_TTL_ATTRIBUTE = "expires_at"
+
+# --- queues -----------------------------------------------------------------------------------------------
+#: SQS caps DelaySeconds at 900 (15 minutes).
+SQS_MAX_DELAY_SECONDS = 900
+#: Deliveries before SQS moves a message to the tier's dead-letter queue.
+QUEUE_MAX_RECEIVE_COUNT = 10
+#: Visibility timeout of worker queues, seconds; a worker extends it while it runs a task.
+QUEUE_VISIBILITY_SECONDS = 120
+#: DLQ retention: the SQS maximum, 14 days.
+DLQ_RETENTION_SECONDS = 14 * 24 * 3600
+
+
+class ResourceNames(BaseModel):
+    """Physical names of one stack's resources (local stack) or their CloudFormation-generated names."""
+
+    model_config = ConfigDict(frozen=True)
+
+    jobs_table: str
+    runs_table: str
+    logs_bucket: str
+    #: tier -> queue name
+    queues: dict[str, str]
+    #: tier -> dead-letter queue name
+    dead_letter_queues: dict[str, str]
+
+    @classmethod
+    def for_prefix(cls, prefix: str) -> ResourceNames:
+        """Names for a local stack: ``<prefix>-jobs``, ``<prefix>-runs``, ``<prefix>-<tier>``..."""
+        return cls(
+            jobs_table=f"{prefix}-jobs",
+            runs_table=f"{prefix}-runs",
+            logs_bucket=f"{prefix}-logs",
+            queues={tier: f"{prefix}-{tier}" for tier in ALL_TIERS},
+            dead_letter_queues={tier: f"{prefix}-{tier}-dlq" for tier in ALL_TIERS},
+        )
+
+
+def jobs_table_definition(name: str) -> dict[str, Any]:
+    """``dynamodb.create_table`` arguments for the jobs table (on-demand billing)."""
+    return {
+        "TableName": name,
+        "BillingMode": "PAY_PER_REQUEST",
+        "KeySchema": [{"AttributeName": JOBS_PK, "KeyType": "HASH"}],
+        "AttributeDefinitions": [
+            {"AttributeName": JOBS_PK, "AttributeType": "S"},
+            {"AttributeName": DUE_INDEX_PK, "AttributeType": "N"},
+            {"AttributeName": DUE_INDEX_SK, "AttributeType": "S"},
+            {"AttributeName": TENANT_KEY, "AttributeType": "S"},
+            {"AttributeName": CREATED_AT_KEY, "AttributeType": "S"},
+        ],
+        "GlobalSecondaryIndexes": [
+            {
+                "IndexName": DUE_INDEX,
+                "KeySchema": [
+                    {"AttributeName": DUE_INDEX_PK, "KeyType": "HASH"},
+                    {"AttributeName": DUE_INDEX_SK, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            },
+            {
+                "IndexName": JOBS_BY_TENANT_INDEX,
+                "KeySchema": [
+                    {"AttributeName": TENANT_KEY, "KeyType": "HASH"},
+                    {"AttributeName": CREATED_AT_KEY, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            },
+        ],
+    }
+
+
+def runs_table_definition(name: str) -> dict[str, Any]:
+    """``dynamodb.create_table`` arguments for the runs table (on-demand billing, TTL set separately)."""
+    return {
+        "TableName": name,
+        "BillingMode": "PAY_PER_REQUEST",
+        "KeySchema": [
+            {"AttributeName": RUNS_PK, "KeyType": "HASH"},
+            {"AttributeName": RUNS_SK, "KeyType": "RANGE"},
+        ],
+        "AttributeDefinitions": [
+            {"AttributeName": RUNS_PK, "AttributeType": "S"},
+            {"AttributeName": RUNS_SK, "AttributeType": "S"},
+            {"AttributeName": WATCH_INDEX_PK, "AttributeType": "N"},
+            {"AttributeName": WATCH_INDEX_SK, "AttributeType": "S"},
+        ],
+        "GlobalSecondaryIndexes": [
+            {
+                "IndexName": WATCH_INDEX,
+                "KeySchema": [
+                    {"AttributeName": WATCH_INDEX_PK, "KeyType": "HASH"},
+                    {"AttributeName": WATCH_INDEX_SK, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            },
+        ],
+    }
+
+
+def queue_attributes(dead_letter_arn: str, *, tier: str) -> dict[str, str]:
+    """``sqs.create_queue`` attributes of a tier's queue, with its redrive policy to ``dead_letter_arn``."""
+    import json
+
+    return {
+        "VisibilityTimeout": str(QUEUE_VISIBILITY_SECONDS),
+        "MessageRetentionPeriod": str(DLQ_RETENTION_SECONDS),
+        "RedrivePolicy": json.dumps(
+            {"deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": QUEUE_MAX_RECEIVE_COUNT}
+        ),
+    }
+
+
+def dead_letter_queue_attributes() -> dict[str, str]:
+    """``sqs.create_queue`` attributes of a tier's dead-letter queue."""
+    return {"MessageRetentionPeriod": str(DLQ_RETENTION_SECONDS)}
+
+
+def create_all(names: ResourceNames, *, session: Any = None) -> dict[str, str]:
+    """Create every table, queue and the bucket (idempotent: existing ones are kept).
+
+    Used by the local stack and by integration tests under moto. Returns ``{tier: queue_url}``.
+
+    Args:
+        names: physical names to create.
+        session: an optional ``boto3.Session``; the default session otherwise.
+    """
+    import boto3
+
+    sess = session or boto3.session.Session()
+    ddb = sess.client("dynamodb")
+    existing = set(ddb.list_tables()["TableNames"])
+    for definition in (jobs_table_definition(names.jobs_table), runs_table_definition(names.runs_table)):
+        if definition["TableName"] not in existing:
+            ddb.create_table(**definition)
+    if names.runs_table not in existing:
+        ddb.update_time_to_live(
+            TableName=names.runs_table,
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": RUNS_TTL_ATTRIBUTE},
+        )
+
+    s3 = sess.client("s3")
+    try:
+        s3.head_bucket(Bucket=names.logs_bucket)
+    except Exception:  # noqa: BLE001 - any miss means "create it"
+        s3.create_bucket(Bucket=names.logs_bucket)
+
+    sqs = sess.client("sqs")
+    urls: dict[str, str] = {}
+    for tier in ALL_TIERS:
+        dlq_url = sqs.create_queue(
+            QueueName=names.dead_letter_queues[tier], Attributes=dead_letter_queue_attributes()
+        )["QueueUrl"]
+        dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        urls[tier] = sqs.create_queue(
+            QueueName=names.queues[tier], Attributes=queue_attributes(dlq_arn, tier=tier)
+        )["QueueUrl"]
+    return urls

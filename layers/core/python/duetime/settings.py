@@ -1,0 +1,136 @@
+"""Runtime settings, read once from the environment and validated.
+
+Every handler, the worker and the local stack read the same variables (UPPER_SNAKE, prefix ``DUETIME_``).
+The CDK app sets them on each function; the local stack writes them for its child processes.
+
+Raises:
+    SettingsError: from :func:`get_settings` when a variable is missing or malformed; the message names
+        the variable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from functools import lru_cache
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from duetime.errors import DuetimeError
+
+#: Container tiers served by worker fleets, and the Lambda tier served by the dispatcher.
+CONTAINER_TIERS: tuple[str, ...] = ("small", "medium", "large")
+ALL_TIERS: tuple[str, ...] = ("lambda", *CONTAINER_TIERS)
+
+
+class SettingsError(DuetimeError):
+    """A required setting is missing or invalid; the message names the environment variable."""
+
+
+class Settings(BaseModel):
+    """Validated runtime configuration. Durations are in seconds.
+
+    Defaults follow DESIGN.md and [S0]: a 30 s lease renewed every 10 s, a 60 s tick with a lookahead
+    that covers one tick period plus the tick's own running time.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    jobs_table: str = Field(min_length=1)
+    runs_table: str = Field(min_length=1)
+    logs_bucket: str = Field(min_length=1)
+    #: tier -> SQS queue URL, from ``DUETIME_QUEUE_URLS`` (a JSON object).
+    queue_urls: dict[str, str]
+    shard_count: int = Field(default=4, ge=1, le=1024)
+    tick_period_seconds: float = Field(default=60.0, gt=0)
+    #: extra lookahead beyond one tick period (covers the tick's own running time).
+    tick_margin_seconds: float = Field(default=15.0, ge=0)
+    lease_seconds: float = Field(default=30.0, gt=0)
+    heartbeat_seconds: float = Field(default=10.0, gt=0)
+    #: how long a PENDING run may sit past its due time before the sweeper re-sends its message.
+    pending_grace_seconds: float = Field(default=60.0, gt=0)
+    #: seconds between a worker's SIGTERM and SIGKILL when it must stop a task.
+    kill_grace_seconds: float = Field(default=10.0, ge=0)
+    #: retention of run rows (DynamoDB TTL), days.
+    run_retention_days: int = Field(default=90, ge=1)
+
+    @field_validator("queue_urls")
+    @classmethod
+    def _known_tiers(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = set(value) - set(ALL_TIERS)
+        if unknown:
+            raise ValueError(f"unknown tiers {sorted(unknown)}; tiers are {list(ALL_TIERS)}")
+        return value
+
+    @property
+    def tick_lookahead_seconds(self) -> float:
+        """How far ahead of now a tick (or the API) claims runs: one tick period plus the margin."""
+        return self.tick_period_seconds + self.tick_margin_seconds
+
+    def queue_url(self, tier: str) -> str:
+        """The queue URL of ``tier``. Raises SettingsError if the stack has no queue for it."""
+        try:
+            return self.queue_urls[tier]
+        except KeyError:
+            raise SettingsError(f"no queue configured for tier {tier!r} (DUETIME_QUEUE_URLS)") from None
+
+
+#: environment variable -> Settings field
+ENV_VARS: dict[str, str] = {
+    "DUETIME_JOBS_TABLE": "jobs_table",
+    "DUETIME_RUNS_TABLE": "runs_table",
+    "DUETIME_LOGS_BUCKET": "logs_bucket",
+    "DUETIME_QUEUE_URLS": "queue_urls",
+    "DUETIME_SHARD_COUNT": "shard_count",
+    "DUETIME_TICK_PERIOD_SECONDS": "tick_period_seconds",
+    "DUETIME_TICK_MARGIN_SECONDS": "tick_margin_seconds",
+    "DUETIME_LEASE_SECONDS": "lease_seconds",
+    "DUETIME_HEARTBEAT_SECONDS": "heartbeat_seconds",
+    "DUETIME_PENDING_GRACE_SECONDS": "pending_grace_seconds",
+    "DUETIME_KILL_GRACE_SECONDS": "kill_grace_seconds",
+    "DUETIME_RUN_RETENTION_DAYS": "run_retention_days",
+}
+
+
+def settings_from_env(environ: Mapping[str, str]) -> Settings:
+    """Build :class:`Settings` from a mapping of environment variables.
+
+    Raises:
+        SettingsError: naming the first missing or invalid variable.
+    """
+    values: dict[str, object] = {}
+    for var, field in ENV_VARS.items():
+        if var not in environ:
+            continue
+        raw = environ[var]
+        if field == "queue_urls":
+            try:
+                values[field] = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise SettingsError(f"{var} must be a JSON object of tier -> queue URL: {exc}") from None
+        else:
+            values[field] = raw
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        var = next((v for v, f in ENV_VARS.items() if f == field), field)
+        problem = "is required" if first["type"] == "missing" else first["msg"]
+        raise SettingsError(f"{var} {problem}") from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once from ``os.environ``. Tests call ``get_settings.cache_clear()``."""
+    return settings_from_env(os.environ)
+
+
+def settings_to_env(settings: Settings) -> dict[str, str]:
+    """The environment variables that reproduce ``settings`` (for child processes and the CDK app)."""
+    env: dict[str, str] = {}
+    for var, field in ENV_VARS.items():
+        value = getattr(settings, field)
+        env[var] = json.dumps(value) if isinstance(value, dict) else str(value)
+    return env

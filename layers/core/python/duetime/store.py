@@ -1,0 +1,399 @@
+"""DynamoDB adapter: the only module that talks to the jobs and runs tables.
+
+Every state change is one conditional write (DESIGN.md sections 4 and 5); a failed condition becomes one of
+Duetime's own errors here and nowhere else: ``AlreadyClaimedError``, ``StaleClaimError``,
+``StartRejectedError``, ``LeaseLostError``.
+
+Items hold instants as fixed-width UTC strings (``timeutil.to_iso``), numbers as DynamoDB numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import ClientError
+
+from duetime import aws
+from duetime.errors import (
+    AlreadyClaimedError,
+    DuetimeError,
+    LeaseLostError,
+    StaleClaimError,
+    StartRejectedError,
+)
+from duetime.models import Job, Run, RunState
+from duetime.resources import (
+    DUE_INDEX,
+    DUE_INDEX_PK,
+    DUE_INDEX_SK,
+    RUNS_TTL_ATTRIBUTE,
+    WATCH_INDEX,
+    WATCH_INDEX_PK,
+    WATCH_INDEX_SK,
+)
+from duetime.timeutil import to_iso
+
+_ser = TypeSerializer()
+_de = TypeDeserializer()
+
+
+class JobExistsError(DuetimeError):
+    """A job with this id already exists."""
+
+
+class ConditionFailedError(DuetimeError):
+    """A conditional update's condition did not hold (generic form, mapped by callers)."""
+
+
+def _to_attr(value: Any) -> Any:
+    """Python value -> DynamoDB-serialisable value (datetimes as ISO UTC, floats as Decimal)."""
+    if isinstance(value, datetime):
+        return to_iso(value)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, Mapping):
+        return {str(k): _to_attr(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_to_attr(v) for v in value]
+    if hasattr(value, "value") and not isinstance(value, int | str):  # enums that aren't str/int
+        return value.value
+    return value
+
+
+def _from_attr(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _from_attr(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_attr(v) for v in value]
+    return value
+
+
+def serialize(item: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain dict -> DynamoDB wire format (``{"S": ...}``), dropping ``None`` values."""
+    return {k: _ser.serialize(_to_attr(v)) for k, v in item.items() if v is not None}
+
+
+def deserialize(item: Mapping[str, Any]) -> dict[str, Any]:
+    """DynamoDB wire format -> a plain dict (Decimals become int or float)."""
+    return {k: _from_attr(_de.deserialize(v)) for k, v in item.items()}
+
+
+def job_to_item(job: Job) -> dict[str, Any]:
+    return job.model_dump(mode="python")
+
+
+def job_from_item(item: Mapping[str, Any]) -> Job:
+    data = dict(item)
+    data.setdefault("next_fire_at", None)
+    data.setdefault("schedule", None)
+    return Job.model_validate(data)
+
+
+def run_to_item(run: Run, *, retention_days: int) -> dict[str, Any]:
+    data = run.model_dump(mode="python")
+    if not run.state.terminal and run.watch_at is not None:
+        data[WATCH_INDEX_PK] = run.shard
+    data[RUNS_TTL_ATTRIBUTE] = int((run.due_at + timedelta(days=retention_days)).timestamp())
+    return data
+
+
+def run_from_item(item: Mapping[str, Any]) -> Run:
+    data = {k: v for k, v in item.items() if k not in (WATCH_INDEX_PK, RUNS_TTL_ATTRIBUTE)}
+    return Run.model_validate(data)
+
+
+@dataclass
+class Update:
+    """A conditional UpdateItem, built up field by field.
+
+    ``conditions`` are ``name -> value`` equalities (``None`` value = attribute must not exist); ``extra_condition``
+    is raw expression text using placeholders already registered with :meth:`value`.
+    """
+
+    sets: dict[str, Any] = field(default_factory=dict)
+    removes: list[str] = field(default_factory=list)
+    adds: dict[str, int] = field(default_factory=dict)
+    appends: dict[str, list[Any]] = field(default_factory=dict)
+    conditions: dict[str, Any] = field(default_factory=dict)
+    extra_condition: str | None = None
+    _names: dict[str, str] = field(default_factory=dict)
+    _values: dict[str, Any] = field(default_factory=dict)
+
+    def name(self, attr: str) -> str:
+        key = f"#{attr}"
+        self._names[key] = attr
+        return key
+
+    def value(self, placeholder: str, value: Any) -> str:
+        key = f":{placeholder}"
+        self._values[key] = value
+        return key
+
+    def build(self) -> dict[str, Any]:
+        clauses: list[str] = []
+        set_parts = [f"{self.name(k)} = {self.value('s_' + k, v)}" for k, v in self.sets.items()]
+        for attr, items in self.appends.items():
+            empty = self.value("empty_list", [])
+            set_parts.append(
+                f"{self.name(attr)} = list_append(if_not_exists({self.name(attr)}, {empty}), "
+                f"{self.value('a_' + attr, items)})"
+            )
+        if set_parts:
+            clauses.append("SET " + ", ".join(set_parts))
+        if self.removes:
+            clauses.append("REMOVE " + ", ".join(self.name(a) for a in self.removes))
+        if self.adds:
+            clauses.append("ADD " + ", ".join(f"{self.name(k)} {self.value('d_' + k, v)}" for k, v in self.adds.items()))
+        conds = []
+        for attr, expected in self.conditions.items():
+            if expected is None:
+                conds.append(f"attribute_not_exists({self.name(attr)})")
+            else:
+                conds.append(f"{self.name(attr)} = {self.value('c_' + attr, expected)}")
+        if self.extra_condition:
+            conds.append(f"({self.extra_condition})")
+        request: dict[str, Any] = {
+            "UpdateExpression": " ".join(clauses),
+            "ExpressionAttributeNames": self._names,
+        }
+        if self._values:
+            request["ExpressionAttributeValues"] = {k: _ser.serialize(_to_attr(v)) for k, v in self._values.items()}
+        if conds:
+            request["ConditionExpression"] = " AND ".join(conds)
+        return request
+
+
+def _is_condition_failure(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
+
+
+class DynamoStore:
+    """Jobs and runs in DynamoDB.
+
+    Args:
+        jobs_table: physical name of the jobs table.
+        runs_table: physical name of the runs table.
+        run_retention_days: TTL of run rows, days after their due time.
+    """
+
+    def __init__(self, jobs_table: str, runs_table: str, *, run_retention_days: int = 90) -> None:
+        self.jobs_table = jobs_table
+        self.runs_table = runs_table
+        self.run_retention_days = run_retention_days
+
+    @property
+    def _ddb(self) -> Any:
+        return aws.client("dynamodb")
+
+    # ---- jobs ----------------------------------------------------------------------------------------
+    def put_new_job(self, job: Job) -> None:
+        """Insert ``job``. Raises JobExistsError if its id is taken."""
+        try:
+            self._ddb.put_item(
+                TableName=self.jobs_table,
+                Item=serialize(job_to_item(job)),
+                ConditionExpression="attribute_not_exists(job_id)",
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                raise JobExistsError(f"job {job.job_id!r} already exists") from None
+            raise
+
+    def get_job(self, job_id: str) -> Job | None:
+        """The job, or None if absent. Strongly consistent."""
+        out = self._ddb.get_item(
+            TableName=self.jobs_table, Key=serialize({"job_id": job_id}), ConsistentRead=True
+        )
+        return job_from_item(deserialize(out["Item"])) if "Item" in out else None
+
+    def query_due(self, shard: int, until: datetime, *, page_size: int = 500) -> Iterator[Job]:
+        """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (due GSI; eventually consistent)."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.jobs_table,
+            "IndexName": DUE_INDEX,
+            "KeyConditionExpression": "#pk = :shard AND #sk <= :until",
+            "ExpressionAttributeNames": {"#pk": DUE_INDEX_PK, "#sk": DUE_INDEX_SK},
+            "ExpressionAttributeValues": serialize({":shard": shard, ":until": until}),
+            "Limit": page_size,
+        }
+        while True:
+            out = self._ddb.query(**kwargs)
+            for item in out.get("Items", []):
+                yield job_from_item(deserialize(item))
+            if "LastEvaluatedKey" not in out:
+                return
+            kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
+
+    def advance_job(
+        self, job_id: str, *, claimed: datetime, next_fire_at: datetime | None, now: datetime
+    ) -> None:
+        """Move the job's ``next_fire_at`` from ``claimed`` to ``next_fire_at`` (claim step 2).
+
+        ``next_fire_at=None`` removes it (the job leaves the due index) and marks the job COMPLETED.
+
+        Raises:
+            StaleClaimError: if ``next_fire_at`` is no longer ``claimed`` (another tick advanced it).
+        """
+        upd = Update(conditions={"next_fire_at": claimed})
+        upd.sets["updated_at"] = now
+        if next_fire_at is None:
+            upd.removes.append("next_fire_at")
+            upd.sets["state"] = "COMPLETED"
+        else:
+            upd.sets["next_fire_at"] = next_fire_at
+        try:
+            self._ddb.update_item(TableName=self.jobs_table, Key=serialize({"job_id": job_id}), **upd.build())
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                raise StaleClaimError(f"job {job_id!r} was already advanced past {to_iso(claimed)}") from None
+            raise
+
+    # ---- runs ----------------------------------------------------------------------------------------
+    def _run_key(self, job_id: str, due_at: datetime) -> dict[str, Any]:
+        return serialize({"job_id": job_id, "due_at": due_at})
+
+    def put_new_run(self, run: Run) -> None:
+        """Insert ``run`` if ``(job_id, due_at)`` is new (claim step 1, [S1] conditional insert).
+
+        Raises:
+            AlreadyClaimedError: if the run already exists.
+        """
+        try:
+            self._ddb.put_item(
+                TableName=self.runs_table,
+                Item=serialize(run_to_item(run, retention_days=self.run_retention_days)),
+                ConditionExpression="attribute_not_exists(job_id)",
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                raise AlreadyClaimedError(f"run {run.run_id} already exists") from None
+            raise
+
+    def get_run(self, job_id: str, due_at: datetime) -> Run | None:
+        """The run, or None. Strongly consistent."""
+        out = self._ddb.get_item(
+            TableName=self.runs_table, Key=self._run_key(job_id, due_at), ConsistentRead=True
+        )
+        return run_from_item(deserialize(out["Item"])) if "Item" in out else None
+
+    def list_runs(self, job_id: str, *, limit: int = 20) -> list[Run]:
+        """The job's most recent ``limit`` runs, newest due time first."""
+        out = self._ddb.query(
+            TableName=self.runs_table,
+            KeyConditionExpression="job_id = :j",
+            ExpressionAttributeValues=serialize({":j": job_id}),
+            ScanIndexForward=False,
+            Limit=limit,
+        )
+        return [run_from_item(deserialize(i)) for i in out.get("Items", [])]
+
+    def query_watch(self, shard: int, until: datetime, *, page_size: int = 200) -> Iterator[Run]:
+        """Non-terminal runs of ``shard`` whose ``watch_at <= until`` (watchdog GSI), oldest first."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.runs_table,
+            "IndexName": WATCH_INDEX,
+            "KeyConditionExpression": "#pk = :shard AND #sk <= :until",
+            "ExpressionAttributeNames": {"#pk": WATCH_INDEX_PK, "#sk": WATCH_INDEX_SK},
+            "ExpressionAttributeValues": serialize({":shard": shard, ":until": until}),
+            "Limit": page_size,
+        }
+        while True:
+            out = self._ddb.query(**kwargs)
+            for item in out.get("Items", []):
+                yield run_from_item(deserialize(item))
+            if "LastEvaluatedKey" not in out:
+                return
+            kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
+
+    def update_run(self, job_id: str, due_at: datetime, update: Update) -> Run:
+        """Apply a conditional update to a run and return the run as it now is.
+
+        Raises:
+            ConditionFailedError: if the update's condition did not hold.
+        """
+        try:
+            out = self._ddb.update_item(
+                TableName=self.runs_table,
+                Key=self._run_key(job_id, due_at),
+                ReturnValues="ALL_NEW",
+                **update.build(),
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                raise ConditionFailedError(f"condition failed on run {job_id}@{to_iso(due_at)}") from None
+            raise
+        return run_from_item(deserialize(out["Attributes"]))
+
+    # ---- run transitions (DESIGN.md section 5) -------------------------------------------------------
+    def start_run(
+        self, job_id: str, due_at: datetime, *, attempt: int, owner: str, lease_expires_at: datetime,
+        now: datetime,
+    ) -> Run:
+        """PENDING -> RUNNING for ``attempt``; the fencing token goes up by one.
+
+        Raises:
+            StartRejectedError: the run is not PENDING at that attempt (a duplicate or stale message).
+        """
+        upd = Update(conditions={"state": RunState.PENDING.value, "attempt": attempt})
+        upd.sets.update(
+            state=RunState.RUNNING.value,
+            lease_owner=owner,
+            lease_expires_at=lease_expires_at,
+            started_at=now,
+            watch_at=lease_expires_at,
+        )
+        upd.adds["fencing_token"] = 1
+        try:
+            return self.update_run(job_id, due_at, upd)
+        except ConditionFailedError:
+            raise StartRejectedError(f"run {job_id}@{to_iso(due_at)} attempt {attempt} is not PENDING") from None
+
+    def heartbeat(self, job_id: str, due_at: datetime, *, fencing_token: int, lease_expires_at: datetime) -> Run:
+        """Extend the lease if ``fencing_token`` is still current and the run RUNNING.
+
+        Raises:
+            LeaseLostError: the token is stale or the run is no longer RUNNING; stop the task.
+        """
+        upd = Update(conditions={"state": RunState.RUNNING.value, "fencing_token": fencing_token})
+        upd.sets.update(lease_expires_at=lease_expires_at, watch_at=lease_expires_at)
+        try:
+            return self.update_run(job_id, due_at, upd)
+        except ConditionFailedError:
+            raise LeaseLostError(f"lease on {job_id}@{to_iso(due_at)} token {fencing_token} lost") from None
+
+    def fenced_transition(
+        self, job_id: str, due_at: datetime, *, fencing_token: int, update: Update
+    ) -> Run:
+        """Apply ``update`` only if the run is RUNNING under ``fencing_token`` (finish, lease expiry).
+
+        Raises:
+            LeaseLostError: the token is stale or the run is not RUNNING; nothing was applied.
+        """
+        update.conditions.update(state=RunState.RUNNING.value, fencing_token=fencing_token)
+        try:
+            return self.update_run(job_id, due_at, update)
+        except ConditionFailedError:
+            raise LeaseLostError(f"stale fencing token {fencing_token} on {job_id}@{to_iso(due_at)}") from None
+
+    def record_event(self, job_id: str, due_at: datetime, event: Mapping[str, Any]) -> None:
+        """Append ``event`` to the run's ``events`` history (unconditional but for the run existing)."""
+        upd = Update(extra_condition="attribute_exists(job_id)")
+        upd.appends["events"] = [dict(event)]
+        try:
+            self.update_run(job_id, due_at, upd)
+        except ConditionFailedError:
+            pass
+
+
+def terminal_removals() -> Sequence[str]:
+    """Attributes a run drops when it becomes terminal (it leaves the watchdog GSI, the lease ends)."""
+    return (WATCH_INDEX_PK, WATCH_INDEX_SK, "lease_owner", "lease_expires_at")

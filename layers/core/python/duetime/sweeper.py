@@ -1,0 +1,85 @@
+"""The sweeper: repairs what a lost message, a dead worker or a due retry left behind.
+
+It reads only the watchdog GSI (non-terminal runs whose ``watch_at`` has passed), never scans, and every
+action is a conditional update, so running it twice at once is safe:
+- PENDING past due + grace: the message was lost (or is late); re-send it ([S0] "the run row is the truth").
+- RUNNING with an expired lease: the attempt failed with reason ``worker_lost``; retry rules apply.
+- RETRY_WAIT whose backoff has passed: back to PENDING with attempt + 1, and a message is sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from duetime.deps import Deps
+from duetime.errors import LeaseLostError
+from duetime.models import Run, RunMessage, RunState
+from duetime.observability import logger
+from duetime.queue import delay_seconds
+from duetime.runs import expire_lease
+from duetime.store import ConditionFailedError, Update
+
+
+@dataclass
+class SweepResult:
+    """Counts from one sweep of one shard."""
+
+    shard: int
+    resent: int = 0
+    leases_expired: int = 0
+    retries_released: int = 0
+    skipped: int = 0
+
+
+def sweep(shard: int, deps: Deps) -> SweepResult:
+    """Sweep one shard's overdue runs. Safe to run concurrently with itself, ticks and workers."""
+    now = deps.clock.now()
+    result = SweepResult(shard=shard)
+    for run in deps.store.query_watch(shard, now):
+        try:
+            if run.state is RunState.PENDING:
+                _resend(run, deps)
+                result.resent += 1
+            elif run.state is RunState.RUNNING:
+                if run.lease_expires_at is not None and run.lease_expires_at <= now:
+                    expire_lease(run, deps)
+                    result.leases_expired += 1
+                    logger.warning("lease expired", extra={"run_id": run.run_id, "attempt": run.attempt})
+                else:
+                    result.skipped += 1
+            elif run.state is RunState.RETRY_WAIT:
+                _release_retry(run, deps)
+                result.retries_released += 1
+            else:
+                result.skipped += 1
+        except (ConditionFailedError, LeaseLostError):
+            result.skipped += 1  # someone else moved the run on meanwhile: nothing to do
+    return result
+
+
+def _resend(run: Run, deps: Deps) -> None:
+    """Re-send a PENDING run's message and push its watch time out by one grace period."""
+    now = deps.clock.now()
+    upd = Update(conditions={"state": RunState.PENDING.value, "attempt": run.attempt, "watch_at": run.watch_at})
+    upd.sets["watch_at"] = now + timedelta(seconds=deps.settings.pending_grace_seconds)
+    deps.store.update_run(run.job_id, run.due_at, upd)
+    deps.queues.send(
+        run.task.tier, RunMessage(job_id=run.job_id, due_at=run.due_at, attempt=run.attempt),
+        delay=delay_seconds(run.due_at, now),
+    )
+    logger.info("pending run re-sent", extra={"run_id": run.run_id, "attempt": run.attempt})
+
+
+def _release_retry(run: Run, deps: Deps) -> None:
+    """RETRY_WAIT -> PENDING with attempt + 1, then send its message."""
+    now = deps.clock.now()
+    upd = Update(conditions={"state": RunState.RETRY_WAIT.value, "attempt": run.attempt})
+    upd.sets.update(
+        state=RunState.PENDING.value,
+        attempt=run.attempt + 1,
+        watch_at=now + timedelta(seconds=deps.settings.pending_grace_seconds),
+    )
+    deps.store.update_run(run.job_id, run.due_at, upd)
+    deps.queues.send(run.task.tier, RunMessage(job_id=run.job_id, due_at=run.due_at, attempt=run.attempt + 1))
+    logger.info("retry released", extra={"run_id": run.run_id, "attempt": run.attempt + 1})

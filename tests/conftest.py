@@ -1,0 +1,75 @@
+"""Shared fixtures: moto in-process with fake credentials, resources from the real definitions, a fixed clock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from types import ModuleType
+
+import pytest
+from duetime import aws
+from duetime.clock import FixedClock
+from duetime.deps import Deps, deps_from_settings
+from duetime.local.stack import LOCAL_AWS_ENV
+from duetime.resources import ResourceNames, create_all
+from duetime.settings import Settings
+from moto import mock_aws
+
+#: A Sunday noon, UTC: the fixed "now" of integration tests.
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def aws_mock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """moto's in-process mock, started before any client exists; fake credentials only."""
+    for key, value in LOCAL_AWS_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with mock_aws():
+        aws.reset_clients()
+        yield
+    aws.reset_clients()
+
+
+@pytest.fixture
+def names() -> ResourceNames:
+    return ResourceNames.for_prefix("test")
+
+
+@pytest.fixture
+def settings(aws_mock: None, names: ResourceNames) -> Settings:
+    urls = create_all(names)
+    return Settings(
+        jobs_table=names.jobs_table,
+        runs_table=names.runs_table,
+        logs_bucket=names.logs_bucket,
+        queue_urls=urls,
+        shard_count=2,
+        tick_period_seconds=60,
+        tick_margin_seconds=15,
+        lease_seconds=30,
+        heartbeat_seconds=10,
+        pending_grace_seconds=60,
+        kill_grace_seconds=1,
+    )
+
+
+@pytest.fixture
+def clock() -> FixedClock:
+    return FixedClock(T0)
+
+
+@pytest.fixture
+def deps(settings: Settings, clock: FixedClock) -> Deps:
+    return deps_from_settings(settings, clock)
+
+
+@pytest.fixture
+def api(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The real ``functions/api/handler.py`` module, wired to the test's deps (moto + fixed clock)."""
+    from duetime.local.lambda_runtime import load_module
+
+    module = load_module("api")
+    monkeypatch.setattr(module, "default_deps", lambda: deps)
+    return module

@@ -1,0 +1,73 @@
+"""Small helpers for tests: API Gateway events, queue inspection."""
+
+from __future__ import annotations
+
+import json
+from types import ModuleType
+from typing import Any
+
+from duetime import aws
+from duetime.local.lambda_runtime import LocalLambdaContext
+
+
+def http_event(method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
+               raw_body: str | None = None) -> dict[str, Any]:
+    """An API Gateway HTTP API (payload 2.0) event."""
+    text = raw_body if raw_body is not None else (json.dumps(body) if body is not None else None)
+    return {
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": path,
+        "rawQueryString": "&".join(f"{k}={v}" for k, v in (query or {}).items()),
+        "headers": {"content-type": "application/json"},
+        "queryStringParameters": query,
+        "requestContext": {
+            "accountId": "000000000000",
+            "apiId": "test",
+            "domainName": "test",
+            "http": {"method": method, "path": path, "protocol": "HTTP/1.1", "sourceIp": "127.0.0.1",
+                     "userAgent": "pytest"},
+            "requestId": "req-1",
+            "routeKey": "$default",
+            "stage": "$default",
+            "timeEpoch": 0,
+        },
+        "body": text,
+        "isBase64Encoded": False,
+    }
+
+
+def call(api: ModuleType, method: str, path: str, body: Any = None, **kw: Any) -> tuple[int, Any, dict[str, str]]:
+    """Invoke the API handler; returns (status, parsed JSON or text, headers)."""
+    result = api.lambda_handler(http_event(method, path, body, **kw), LocalLambdaContext("api"))
+    headers = {k.lower(): v for k, v in (result.get("headers") or {}).items()}
+    text = result.get("body") or ""
+    parsed: Any = json.loads(text) if headers.get("content-type", "").startswith("application/json") else text
+    return result["statusCode"], parsed, headers
+
+
+def queue_counts(queue_url: str) -> dict[str, int]:
+    """``{"visible", "delayed", "in_flight"}`` message counts of a queue."""
+    attrs = aws.client("sqs").get_queue_attributes(
+        QueueUrl=queue_url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesDelayed",
+                        "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return {
+        "visible": int(attrs["ApproximateNumberOfMessages"]),
+        "delayed": int(attrs["ApproximateNumberOfMessagesDelayed"]),
+        "in_flight": int(attrs["ApproximateNumberOfMessagesNotVisible"]),
+    }
+
+
+def drain(queue_url: str) -> list[dict[str, Any]]:
+    """Receive and delete every visible message; returns their parsed bodies (simulates a lost message)."""
+    sqs = aws.client("sqs")
+    bodies = []
+    while True:
+        out = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
+        if not out.get("Messages"):
+            return bodies
+        for m in out["Messages"]:
+            bodies.append(json.loads(m["Body"]))
+            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])

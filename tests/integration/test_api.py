@@ -1,0 +1,118 @@
+"""The HTTP API handler (functions/api) with real validation, against moto."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+from duetime.worker import Worker
+
+from tests.helpers import call
+
+HELLO = {
+    "name": "hello",
+    "schedule": {"expression": "rate(1 minute)", "timezone": "UTC"},
+    "task": {"kind": "container", "command": ["sh", "-c", "echo hello $DUETIME_RUN_ID"]},
+}
+
+
+def test_submit_answers_201_and_claims_a_first_fire_inside_the_lookahead(api: ModuleType) -> None:
+    # Given rate(1 minute) submitted at 12:00: its first fire (12:01) is inside the tick's lookahead
+    status, body, headers = call(api, "POST", "/jobs", HELLO)
+    assert status == 201
+    assert body["job_id"].startswith("job-")
+    # Then the submit claimed 12:01 itself (PENDING run) and the job's next unclaimed fire is 12:02
+    assert body["next_fire_at"] == "2026-11-29T12:02:00.000Z"
+    _, runs, _ = call(api, "GET", f"/jobs/{body['job_id']}/runs")
+    assert [(r["due_at"], r["state"]) for r in runs["runs"]] == [("2026-11-29T12:01:00.000Z", "PENDING")]
+    assert body["state"] == "ACTIVE"
+    assert headers["location"] == f"/jobs/{body['job_id']}"
+    status, got, _ = call(api, "GET", f"/jobs/{body['job_id']}")
+    assert status == 200 and got["name"] == "hello" and got["task"]["tier"] == "small"
+
+
+def test_a_run_now_job_runs_and_its_run_and_logs_are_readable(api: ModuleType, deps) -> None:
+    # Given a run-now job, and a worker that takes its run
+    _, job, _ = call(api, "POST", "/jobs", {**HELLO, "schedule": None})
+    Worker(deps, "small", owner="w1").poll_once()
+    # When the runs, the run and its logs are read over the API
+    status, runs, _ = call(api, "GET", f"/jobs/{job['job_id']}/runs", query={"limit": "5"})
+    assert status == 200
+    [run] = runs["runs"]
+    assert run["state"] == "SUCCEEDED" and run["exit_code"] == 0 and run["attempt"] == 1
+    for key in ("run_id", "job_id", "due_at", "started_at", "finished_at"):
+        assert run[key] is not None
+    status, one, _ = call(api, "GET", f"/runs/{run['run_id']}")
+    assert status == 200 and one["run_id"] == run["run_id"]
+    status, text, headers = call(api, "GET", f"/runs/{run['run_id']}/logs")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    assert text.strip() == f"hello {run['run_id']}"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({**HELLO, "colour": "red"}, "colour"),
+        ({**HELLO, "task": {"kind": "container", "command": []}}, "task.command"),
+        ({**HELLO, "task": {"kind": "container", "command": [""]}}, "task.command"),
+        ({**HELLO, "task": {"kind": "container", "command": "echo hi"}}, "task.command"),
+        ({**HELLO, "task": {"kind": "container", "command": ["true"], "tier": "huge"}}, "task.tier"),
+        ({**HELLO, "name": ""}, "name"),
+        ({k: v for k, v in HELLO.items() if k != "task"}, "task"),
+        ({**HELLO, "timeout_seconds": 0}, "timeout_seconds"),
+        ({**HELLO, "timeout_seconds": "soon"}, "timeout_seconds"),
+        ({**HELLO, "retry": {"max_attempts": 0}}, "retry.max_attempts"),
+        ({**HELLO, "schedule": {"expression": "rate(0 minutes)"}}, "schedule.expression"),
+        ({**HELLO, "schedule": {"expression": "every tuesday"}}, "schedule.expression"),
+        ({**HELLO, "schedule": {"expression": "rate(1 minute)", "timezone": "Mars/Olympus"}}, "schedule.timezone"),
+        ({**HELLO, "schedule": {"expression": "at(2020-01-01T00:00:00)"}}, "schedule.expression"),
+        ({**HELLO, "job_id": "has spaces"}, "job_id"),
+    ],
+)
+def test_bad_submit_bodies_get_a_4xx_naming_the_field(api: ModuleType, deps, body: dict, field: str) -> None:
+    status, answer, _ = call(api, "POST", "/jobs", body)
+    assert status == 400, answer
+    assert answer["error"]["field"] == field
+    assert answer["error"]["message"]
+    # and nothing was written
+    assert list(deps.store.query_due(0, deps.clock.now().replace(year=2100))) == []
+    assert list(deps.store.query_due(1, deps.clock.now().replace(year=2100))) == []
+
+
+def test_a_body_that_is_not_json_is_a_400(api: ModuleType) -> None:
+    status, answer, _ = call(api, "POST", "/jobs", raw_body="{not json")
+    assert status == 400 and answer["error"]["code"] == "invalid_json"
+
+
+def test_a_taken_job_id_is_a_409(api: ModuleType) -> None:
+    assert call(api, "POST", "/jobs", {**HELLO, "job_id": "mine"})[0] == 201
+    status, answer, _ = call(api, "POST", "/jobs", {**HELLO, "job_id": "mine"})
+    assert status == 409 and answer["error"]["field"] == "job_id"
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/jobs/job-nope", "/jobs/job-nope/runs", "/runs/job-nope.1764417600000", "/runs/garbage",
+     "/runs/job-nope.1764417600000/logs", "/nowhere"],
+)
+def test_unknown_ids_are_404_with_a_json_body(api: ModuleType, path: str) -> None:
+    status, answer, _ = call(api, "GET", path)
+    assert status == 404
+    assert answer["error"]["code"] in ("not_found", "no_such_route")
+
+
+def test_healthz(api: ModuleType) -> None:
+    assert call(api, "GET", "/healthz")[:2] == (200, {"status": "ok"})
+
+
+def test_a_json_body_sent_as_a_form_is_read_as_json(api: ModuleType) -> None:
+    # curl -d sends application/x-www-form-urlencoded unless told otherwise
+    from duetime.local.lambda_runtime import LocalLambdaContext
+
+    from tests.helpers import http_event
+
+    event = http_event("POST", "/jobs", {**HELLO, "name": 1})
+    event["headers"]["content-type"] = "application/x-www-form-urlencoded"
+    result = api.lambda_handler(event, LocalLambdaContext("api"))
+    assert result["statusCode"] == 400
+    assert '"field":"name"' in result["body"] and "valid string" in result["body"]

@@ -1,0 +1,118 @@
+"""The claim path of DESIGN.md section 4 against moto: put run, advance job, send with delay."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from duetime import claims, jobs
+from duetime.api_models import CreateJobRequest
+from duetime.deps import Deps
+from duetime.models import ContainerTask, Job, JobState, RunState, ScheduleSpec
+
+from tests.conftest import T0
+from tests.helpers import queue_counts
+
+
+def _rate_job(deps: Deps, expression: str = "rate(5 minutes)", job_id: str = "job-rate") -> Job:
+    request = CreateJobRequest(
+        job_id=job_id,
+        name="every five",
+        schedule=ScheduleSpec(expression=expression),
+        task=ContainerTask(command=["true"]),
+    )
+    return jobs.create_job(request, tenant="t1", deps=deps)
+
+
+def test_submit_of_a_far_fire_leaves_it_for_the_tick(deps: Deps) -> None:
+    # Given a rate(5 minutes) job created at T0 (first fire T0+5min, beyond the 75 s lookahead)
+    job = _rate_job(deps)
+    # Then nothing is claimed yet and the job waits in the due index
+    assert job.next_fire_at == T0 + timedelta(minutes=5)
+    assert deps.store.list_runs(job.job_id) == []
+
+
+def test_tick_claims_a_due_run_and_sends_it_with_its_delay(deps: Deps, clock) -> None:
+    # Given the job, and a clock 4m30s later: the first fire (T0+5m) is within the lookahead
+    job = _rate_job(deps)
+    clock.advance(270)
+    # When the job's shard ticks
+    result = claims.tick(job.shard, deps)
+    # Then one PENDING run exists at the due time, the job moved to the next slot, a delayed message waits
+    assert result.claimed == 1
+    [run] = deps.store.list_runs(job.job_id)
+    assert (run.state, run.due_at, run.attempt, run.fencing_token) == (RunState.PENDING, T0 + timedelta(minutes=5), 1, 0)
+    stored = deps.store.get_job(job.job_id)
+    assert stored is not None and stored.next_fire_at == T0 + timedelta(minutes=10)
+    counts = queue_counts(deps.settings.queue_url("small"))
+    assert counts["delayed"] == 1 and counts["visible"] == 0
+
+
+def test_a_repeated_tick_claims_nothing_twice(deps: Deps, clock) -> None:
+    job = _rate_job(deps)
+    clock.advance(270)
+    claims.tick(job.shard, deps)
+    # When the same shard ticks again at the same instant (an overlapping tick)
+    again = claims.tick(job.shard, deps)
+    # Then it claims nothing (the next slot is beyond the lookahead) and there is still one run, one message
+    assert again.claimed == 0
+    assert len(deps.store.list_runs(job.job_id)) == 1
+    assert sum(queue_counts(deps.settings.queue_url("small")).values()) == 1
+
+
+def test_two_ticks_racing_on_one_snapshot_make_one_run_and_one_message(deps: Deps, clock) -> None:
+    # Given two ticks that both read the job before either claimed it
+    job = _rate_job(deps)
+    clock.advance(270)
+    snapshot = next(deps.store.query_due(job.shard, clock.now() + timedelta(seconds=75)))
+    first = claims.claim(snapshot, deps)
+    second = claims.claim(snapshot, deps)
+    # Then the second finds the run and the advanced job: no run, no advance, no message of its own
+    assert (first.created, first.advanced) == (True, True)
+    assert (second.created, second.advanced) == (False, False)
+    assert len(deps.store.list_runs(job.job_id)) == 1
+    assert sum(queue_counts(deps.settings.queue_url("small")).values()) == 1
+
+
+def test_a_tick_that_crashed_after_step_one_is_repaired_by_the_next(deps: Deps, clock) -> None:
+    # Given a tick that wrote the run (step 1) and died before advancing the job (step 2) and sending
+    job = _rate_job(deps)
+    clock.advance(270)
+    snapshot = deps.store.get_job(job.job_id)
+    assert snapshot is not None
+    deps.store.put_new_run(claims.new_run(snapshot, snapshot.next_fire_at, deps, trigger=claims.Trigger.SCHEDULE))
+    # When the next tick runs
+    result = claims.tick(job.shard, deps)
+    # Then it finds the run (no second one), advances the job and sends the wake-up
+    assert (result.claimed, result.already_claimed) == (0, 1)
+    assert len(deps.store.list_runs(job.job_id)) == 1
+    stored = deps.store.get_job(job.job_id)
+    assert stored is not None and stored.next_fire_at == T0 + timedelta(minutes=10)
+    assert queue_counts(deps.settings.queue_url("small"))["delayed"] == 1
+
+
+def test_run_now_job_is_claimed_by_the_submit_and_completes_the_job(deps: Deps) -> None:
+    # Given a job with no schedule
+    request = CreateJobRequest(name="now", task=ContainerTask(command=["echo", "hi"]))
+    job = jobs.create_job(request, tenant="t1", deps=deps)
+    # Then its single run is PENDING at T0, the job left the due index as COMPLETED, and the message is visible
+    [run] = deps.store.list_runs(job.job_id)
+    assert (run.state, run.due_at) == (RunState.PENDING, T0)
+    stored = deps.store.get_job(job.job_id)
+    assert stored is not None and (stored.state, stored.next_fire_at) == (JobState.COMPLETED, None)
+    assert queue_counts(deps.settings.queue_url("small"))["visible"] == 1
+    assert list(deps.store.query_due(job.shard, T0 + timedelta(days=1))) == []
+
+
+def test_a_stack_down_for_many_slots_runs_the_latest_once_and_counts_the_missed(deps: Deps, clock) -> None:
+    # Given a rate(5 minutes) job whose ticks stopped for an hour after creation
+    job = _rate_job(deps)
+    clock.advance(3600 + 30)
+    # When the tick comes back
+    result = claims.tick(job.shard, deps)
+    # Then one run is claimed: the most recent slot (T0+60m), with the 11 skipped slots counted
+    assert result.claimed == 1
+    [run] = deps.store.list_runs(job.job_id)
+    assert run.due_at == T0 + timedelta(minutes=60)
+    assert run.missed_slots == 11
+    stored = deps.store.get_job(job.job_id)
+    assert stored is not None and stored.next_fire_at == T0 + timedelta(minutes=65)

@@ -1,0 +1,159 @@
+"""Worker + run lifecycle against moto: start, heartbeat, finish, fencing, duplicates, retries, logs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from duetime import jobs, runs
+from duetime.api_models import CreateJobRequest
+from duetime.deps import Deps
+from duetime.errors import LeaseLostError, StartRejectedError
+from duetime.models import ContainerTask, RetryPolicy, RunMessage, RunState
+from duetime.sweeper import sweep
+from duetime.worker import Worker
+
+from tests.helpers import drain
+
+
+def _submit(deps: Deps, command: list[str], **kw) -> str:
+    job = jobs.create_job(
+        CreateJobRequest(name="t", task=ContainerTask(command=command), **kw), tenant="t1", deps=deps
+    )
+    return job.job_id
+
+
+def test_worker_runs_the_command_and_stores_its_output(deps: Deps) -> None:
+    # Given a run-now job that prints its run id, attempt and fencing token
+    job_id = _submit(deps, ["sh", "-c", 'echo "id=$DUETIME_RUN_ID a=$DUETIME_ATTEMPT t=$DUETIME_FENCING_TOKEN"; echo err >&2'])
+    # When a worker polls
+    finished = Worker(deps, "small", owner="w1").poll_once()
+    # Then the run SUCCEEDED with exit 0, and its S3 log has stdout and stderr with its own ids
+    assert finished == 1
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.exit_code, run.attempt, run.fencing_token) == (RunState.SUCCEEDED, 0, 1, 1)
+    log = jobs.get_run_log(run.run_id, tenant="t1", deps=deps)
+    assert f"id={run.run_id} a=1 t=1" in log
+    assert "err" in log
+    assert run.watch_at is None  # terminal runs leave the watchdog index
+    assert list(deps.store.query_watch(run.shard, run.due_at.replace(year=2100))) == []
+
+
+def test_a_duplicate_message_does_not_start_a_second_attempt(deps: Deps) -> None:
+    # Given a run-now job whose wake-up message was delivered twice
+    job_id = _submit(deps, ["true"])
+    [run] = deps.store.list_runs(job_id)
+    deps.queues.send("small", RunMessage(job_id=job_id, due_at=run.due_at, attempt=1))
+    worker = Worker(deps, "small", owner="w1")
+    # When the worker takes both deliveries
+    worker.poll_once()
+    worker.poll_once()
+    # Then the task ran once: one attempt, token 1, and the queue is empty
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.attempt, run.fencing_token, len(run.attempts)) == (RunState.SUCCEEDED, 1, 1, 1)
+    assert drain(deps.settings.queue_url("small")) == []
+
+
+def test_start_with_a_stale_attempt_is_rejected(deps: Deps) -> None:
+    job_id = _submit(deps, ["true"])
+    [run] = deps.store.list_runs(job_id)
+    with pytest.raises(StartRejectedError):
+        runs.start(RunMessage(job_id=job_id, due_at=run.due_at, attempt=2), deps, owner="w1")
+
+
+def test_a_finish_with_a_stale_fencing_token_is_rejected_and_recorded(deps: Deps, clock) -> None:
+    # Given worker A started the run (token 1) and then paused past its lease
+    job_id = _submit(deps, ["true"], retry=RetryPolicy(max_attempts=2, backoff_seconds=0))
+    [pending] = deps.store.list_runs(job_id)
+    msg = RunMessage(job_id=job_id, due_at=pending.due_at, attempt=1)
+    run_a = runs.start(msg, deps, owner="A")
+    clock.advance(deps.settings.lease_seconds + 1)
+    # When the sweeper expires the lease (worker_lost, token bumped) and attempt 2 is started by worker B
+    assert sweep(run_a.shard, deps).leases_expired == 1
+    clock.advance(1)
+    assert sweep(run_a.shard, deps).retries_released == 1
+    run_b = runs.start(RunMessage(job_id=job_id, due_at=pending.due_at, attempt=2), deps, owner="B")
+    assert run_b.fencing_token == 3
+    # Then A's heartbeat and finish are rejected, never applied, and the rejection is in the run's history
+    with pytest.raises(LeaseLostError):
+        runs.heartbeat(run_a, deps, fencing_token=run_a.fencing_token)
+    with pytest.raises(LeaseLostError):
+        runs.finish(run_a, deps, fencing_token=run_a.fencing_token, outcome=RunState.SUCCEEDED, exit_code=0)
+    now = deps.store.get_run(job_id, pending.due_at)
+    assert now is not None
+    assert (now.state, now.attempt, now.lease_owner, now.fencing_token) == (RunState.RUNNING, 2, "B", 3)
+    assert [e.kind for e in now.events] == ["stale_finish_rejected"]
+    assert now.attempts[0].reason == "worker_lost" and now.attempts[0].worker == "A"
+    # And B's own finish is applied
+    done = runs.finish(run_b, deps, fencing_token=3, outcome=RunState.SUCCEEDED, exit_code=0)
+    assert done.state is RunState.SUCCEEDED
+
+
+def test_a_heartbeat_extends_the_lease_only_for_the_current_token(deps: Deps, clock) -> None:
+    job_id = _submit(deps, ["true"])
+    [pending] = deps.store.list_runs(job_id)
+    run = runs.start(RunMessage(job_id=job_id, due_at=pending.due_at, attempt=1), deps, owner="A")
+    clock.advance(20)
+    beat = runs.heartbeat(run, deps, fencing_token=1)
+    assert beat.lease_expires_at == clock.now() + timedelta(seconds=30)
+    with pytest.raises(LeaseLostError):
+        runs.heartbeat(run, deps, fencing_token=0)
+
+
+def test_a_failing_command_is_retried_then_dead_lettered(deps: Deps, clock) -> None:
+    # Given a job that always exits 3, allowed 2 attempts, no jitter, 10 s backoff
+    job_id = _submit(
+        deps, ["sh", "-c", "echo failing; exit 3"],
+        retry=RetryPolicy(max_attempts=2, backoff_seconds=10, jitter="none"),
+    )
+    worker = Worker(deps, "small", owner="w1")
+    # When attempt 1 fails
+    worker.poll_once()
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.exit_code) == (RunState.RETRY_WAIT, 3)
+    assert run.watch_at == clock.now() + timedelta(seconds=10)
+    # Then nothing happens before the backoff, and after it the sweeper re-queues attempt 2
+    assert sweep(run.shard, deps).retries_released == 0
+    clock.advance(10)
+    assert sweep(run.shard, deps).retries_released == 1
+    worker.poll_once()
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.attempt, run.dead_lettered, run.exit_code) == (RunState.FAILED, 2, True, 3)
+    assert [(a.attempt, a.state, a.exit_code) for a in run.attempts] == [
+        (1, RunState.FAILED, 3), (2, RunState.FAILED, 3)]
+    assert "failing" in jobs.get_run_log(run.run_id, tenant="t1", deps=deps, attempt=1)
+
+
+def test_a_task_past_its_timeout_is_killed_and_timed_out(deps: Deps) -> None:
+    job_id = _submit(deps, ["sh", "-c", "echo started; sleep 30"], timeout_seconds=1)
+    Worker(deps, "small", owner="w1").poll_once()
+    [run] = deps.store.list_runs(job_id)
+    assert run.state is RunState.TIMED_OUT
+    assert "timed out after 1 s" in jobs.get_run_log(run.run_id, tenant="t1", deps=deps)
+
+
+def test_a_missing_program_fails_the_attempt_with_a_message(deps: Deps) -> None:
+    job_id = _submit(deps, ["/nonexistent/program"], retry=RetryPolicy(max_attempts=1))
+    Worker(deps, "small", owner="w1").poll_once()
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.exit_code) == (RunState.FAILED, 127)
+    assert "cannot start" in (run.error or "")
+
+
+def test_the_sweeper_resends_a_pending_run_whose_message_was_lost(deps: Deps, clock) -> None:
+    # Given a run-now job whose message vanished before any worker saw it
+    job_id = _submit(deps, ["echo", "recovered"])
+    assert len(drain(deps.settings.queue_url("small"))) == 1
+    worker = Worker(deps, "small", owner="w1")
+    assert worker.poll_once() == 0
+    # When the grace period passes and the sweeper runs
+    clock.advance(deps.settings.pending_grace_seconds + 1)
+    [run] = deps.store.list_runs(job_id)
+    assert sweep(run.shard, deps).resent == 1
+    # Then a worker gets the re-sent message and the run succeeds, once
+    assert worker.poll_once() == 1
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.attempt) == (RunState.SUCCEEDED, 1)
+    assert "recovered" in jobs.get_run_log(run.run_id, tenant="t1", deps=deps)
+    # And a second sweep finds nothing to do
+    assert sweep(run.shard, deps).resent == 0

@@ -1,0 +1,109 @@
+"""End to end on the real local stack: HTTP API -> tick -> SQS delay queue -> worker process -> S3 logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.e2e.conftest import Stack, start_stack, stop_stack
+
+pytestmark = pytest.mark.e2e
+
+
+def _job(command: list[str], schedule: dict | None = None, **kw) -> dict:
+    return {"name": "e2e", "schedule": schedule, "task": {"kind": "container", "command": command}, **kw}
+
+
+def _ts(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def test_state_file_says_where_everything_is(stack: Stack) -> None:
+    state = json.loads((stack.workdir / ".duetime" / "local.json").read_text())
+    assert state["api_url"] == stack.api
+    assert state["aws_endpoint"].startswith("http://127.0.0.1:")
+    assert set(state["queues"]) == {"lambda", "small", "medium", "large"}
+    assert state["tables"] == {"jobs": "duetime-jobs", "runs": "duetime-runs"}
+    assert stack.request("GET", "/healthz") == (200, {"status": "ok"})
+
+
+def test_a_run_now_job_succeeds_and_its_log_names_its_run(stack: Stack) -> None:
+    status, job = stack.request("POST", "/jobs", _job(["sh", "-c", "echo hello $DUETIME_RUN_ID"]))
+    assert status == 201
+    [run] = stack.wait_run(job["job_id"], {"SUCCEEDED"})
+    assert run["exit_code"] == 0 and run["attempt"] == 1
+    status, text = stack.request("GET", f"/runs/{run['run_id']}/logs")
+    assert status == 200 and text.strip() == f"hello {run['run_id']}"
+
+
+def test_an_at_job_is_claimed_by_the_tick_and_starts_on_time(stack: Stack) -> None:
+    # Given a one-off due 4 s from now, beyond the 1 s tick's lookahead at submit time
+    due = (datetime.now(UTC) + timedelta(seconds=4)).replace(microsecond=0)
+    body = _job(["true"], {"expression": f"at({due:%Y-%m-%dT%H:%M:%S})", "timezone": "UTC"})
+    status, job = stack.request("POST", "/jobs", body)
+    assert status == 201 and _ts(job["next_fire_at"]) == due
+    # Then it runs at its due time, not before, and the job completes
+    [run] = stack.wait_run(job["job_id"], {"SUCCEEDED"}, timeout=20)
+    assert _ts(run["due_at"]) == due
+    assert 0 <= run["lag_seconds"] < 3
+    _, after = stack.request("GET", f"/jobs/{job['job_id']}")
+    assert after["state"] == "COMPLETED" and after["next_fire_at"] is None
+
+
+def test_a_rate_job_keeps_firing_with_distinct_runs(stack: Stack) -> None:
+    status, job = stack.request("POST", "/jobs", _job(["true"], {"expression": "rate(2 seconds)"}))
+    assert status == 201
+    runs = stack.wait_run(job["job_id"], {"SUCCEEDED"}, count=3, timeout=20)
+    due_times = sorted(_ts(r["due_at"]) for r in runs if r["state"] == "SUCCEEDED")
+    assert len(set(r["run_id"] for r in runs)) == len(runs)
+    gaps = {(b - a).total_seconds() for a, b in zip(due_times, due_times[1:], strict=False)}
+    assert gaps == {2.0}
+
+
+def test_a_failing_job_is_retried_then_dead_lettered(stack: Stack) -> None:
+    body = _job(["sh", "-c", "echo boom; exit 3"], retry={"max_attempts": 2, "backoff_seconds": 1})
+    _, job = stack.request("POST", "/jobs", body)
+    [run] = stack.wait_run(job["job_id"], {"FAILED"}, timeout=30)
+    assert (run["attempt"], run["exit_code"], run["dead_lettered"]) == (2, 3, True)
+    assert [a["state"] for a in run["attempts"]] == ["FAILED", "FAILED"]
+    assert "boom" in stack.request("GET", f"/runs/{run['run_id']}/logs")[1]
+
+
+def test_a_killed_worker_loses_its_lease_and_the_run_finishes_as_attempt_two(stack: Stack) -> None:
+    # Given a 3-second job, running
+    _, job = stack.request("POST", "/jobs", _job(["sh", "-c", "sleep 3; echo done"], retry={"max_attempts": 3}))
+    [run] = stack.wait_run(job["job_id"], {"RUNNING"}, timeout=15)
+    pid = int(run["lease_owner"].split(":")[1])
+    # When its worker is killed with SIGKILL (the supervisor starts a new one, as a Fargate service would)
+    os.kill(pid, signal.SIGKILL)
+    # Then the lease expires, the sweeper fails attempt 1 as worker_lost, and attempt 2 succeeds
+    [run] = stack.wait_run(job["job_id"], {"SUCCEEDED"}, timeout=40)
+    assert run["attempt"] == 2
+    assert run["attempts"][0]["reason"] == "worker_lost"
+    assert run["attempts"][1]["state"] == "SUCCEEDED"
+
+
+def test_bad_input_over_http_is_a_4xx_naming_the_field(stack: Stack) -> None:
+    status, body = stack.request("POST", "/jobs", _job([]))
+    assert status == 400 and body["error"]["field"] == "task.command"
+    status, body = stack.request("GET", "/runs/nope.123")
+    assert status == 404 and body["error"]["code"] == "not_found"
+
+
+def test_sigterm_stops_every_process_the_stack_started(tmp_path) -> None:
+    s = start_stack(tmp_path, "--tick-seconds", "1", "--workers", "1")
+    state = json.loads((tmp_path / ".duetime" / "local.json").read_text())
+    port = int(state["aws_endpoint"].rsplit(":", 1)[1])
+    assert stop_stack(s) == 0
+    time.sleep(0.5)
+    import socket
+
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0, "moto's server is still listening"
+    children = os.popen(f"pgrep -g {s.proc.pid}").read().split()
+    assert children == []

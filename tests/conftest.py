@@ -7,13 +7,14 @@ from datetime import UTC, datetime
 from types import ModuleType
 
 import pytest
+from moto import mock_aws
+
 from duetime import aws
 from duetime.clock import FixedClock
 from duetime.deps import Deps, deps_from_settings
 from duetime.local.stack import LOCAL_AWS_ENV
 from duetime.resources import ResourceNames, create_all
 from duetime.settings import Settings
-from moto import mock_aws
 
 #: A Sunday noon, UTC: the fixed "now" of integration tests.
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)

@@ -10,8 +10,9 @@ from duetime import aws
 from duetime.local.lambda_runtime import LocalLambdaContext
 
 
-def http_event(method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
-               raw_body: str | None = None) -> dict[str, Any]:
+def http_event(
+    method: str, path: str, body: Any = None, query: dict[str, str] | None = None, raw_body: str | None = None
+) -> dict[str, Any]:
     """An API Gateway HTTP API (payload 2.0) event."""
     text = raw_body if raw_body is not None else (json.dumps(body) if body is not None else None)
     return {
@@ -25,8 +26,13 @@ def http_event(method: str, path: str, body: Any = None, query: dict[str, str] |
             "accountId": "000000000000",
             "apiId": "test",
             "domainName": "test",
-            "http": {"method": method, "path": path, "protocol": "HTTP/1.1", "sourceIp": "127.0.0.1",
-                     "userAgent": "pytest"},
+            "http": {
+                "method": method,
+                "path": path,
+                "protocol": "HTTP/1.1",
+                "sourceIp": "127.0.0.1",
+                "userAgent": "pytest",
+            },
             "requestId": "req-1",
             "routeKey": "$default",
             "stage": "$default",
@@ -37,7 +43,9 @@ def http_event(method: str, path: str, body: Any = None, query: dict[str, str] |
     }
 
 
-def call(api: ModuleType, method: str, path: str, body: Any = None, **kw: Any) -> tuple[int, Any, dict[str, str]]:
+def call(
+    api: ModuleType, method: str, path: str, body: Any = None, **kw: Any
+) -> tuple[int, Any, dict[str, str]]:
     """Invoke the API handler; returns (status, parsed JSON or text, headers)."""
     result = api.lambda_handler(http_event(method, path, body, **kw), LocalLambdaContext("api"))
     headers = {k.lower(): v for k, v in (result.get("headers") or {}).items()}
@@ -50,8 +58,11 @@ def queue_counts(queue_url: str) -> dict[str, int]:
     """``{"visible", "delayed", "in_flight"}`` message counts of a queue."""
     attrs = aws.client("sqs").get_queue_attributes(
         QueueUrl=queue_url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesDelayed",
-                        "ApproximateNumberOfMessagesNotVisible"],
+        AttributeNames=[
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesDelayed",
+            "ApproximateNumberOfMessagesNotVisible",
+        ],
     )["Attributes"]
     return {
         "visible": int(attrs["ApproximateNumberOfMessages"]),

@@ -13,6 +13,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
+
 from duetime import jobs
 from duetime.api_models import CreateJobRequest, ErrorResponse, JobResponse, RunListResponse, RunResponse
 from duetime.deps import default_deps
@@ -28,7 +29,9 @@ DEFAULT_TENANT = "local"
 
 def current_tenant() -> str:
     """The caller's tenant from the HTTP API authorizer context (JWT ``sub`` or the IAM principal)."""
-    authorizer: dict[str, Any] = (app.current_event.raw_event.get("requestContext") or {}).get("authorizer") or {}
+    authorizer: dict[str, Any] = (app.current_event.raw_event.get("requestContext") or {}).get(
+        "authorizer"
+    ) or {}
     jwt = authorizer.get("jwt") or {}
     claims = jwt.get("claims") or {}
     if claims.get("tenant") or claims.get("sub"):
@@ -44,7 +47,9 @@ def current_tenant() -> str:
 
 def error(status: int, code: str, message: str, field: str | None = None) -> Response[str]:
     body = ErrorResponse.model_validate({"error": {"code": code, "message": message, "field": field}})
-    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=body.model_dump_json())
+    return Response(
+        status_code=status, content_type=content_types.APPLICATION_JSON, body=body.model_dump_json()
+    )
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
+
 from duetime.deps import default_deps
 from duetime.observability import logger, metrics
 from duetime.sweeper import sweep
@@ -19,7 +20,10 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     deps = default_deps()
     shards = [int(event["shard"])] if "shard" in event else range(deps.settings.shard_count)
     results = [sweep(shard, deps) for shard in shards]
-    for name, attr in (("RunsResent", "resent"), ("LeasesExpired", "leases_expired"),
-                       ("RetriesReleased", "retries_released")):
+    for name, attr in (
+        ("RunsResent", "resent"),
+        ("LeasesExpired", "leases_expired"),
+        ("RetriesReleased", "retries_released"),
+    ):
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=sum(getattr(r, attr) for r in results))
     return {"shards": [asdict(r) for r in results]}

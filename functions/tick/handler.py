@@ -7,6 +7,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
+
 from duetime.claims import tick
 from duetime.deps import default_deps
 from duetime.observability import logger, metrics

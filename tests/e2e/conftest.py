@@ -49,14 +49,21 @@ class Stack:
             if sum(r["state"] in states for r in runs) >= count:
                 return runs
             time.sleep(0.3)
-        raise AssertionError(f"runs of {job_id} never reached {states}: {runs}\n" + "".join(self.output[-40:]))
+        raise AssertionError(
+            f"runs of {job_id} never reached {states}: {runs}\n" + "".join(self.output[-40:])
+        )
 
 
 def start_stack(workdir: Path, *extra: str) -> Stack:
     cmd = [sys.executable, "-m", "duetime", "local", "--api-port", "0", "--no-demo", *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DUETIME_"))}
     proc = subprocess.Popen(
-        cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        cmd,
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
         start_new_session=True,
     )
     assert proc.stdout is not None
@@ -96,8 +103,17 @@ def stop_stack(stack: Stack) -> int:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("stack")
     s = start_stack(
-        workdir, "--tick-seconds", "1", "--workers", "1", "--lease-seconds", "4", "--heartbeat-seconds", "1",
-        "--pending-grace-seconds", "5",
+        workdir,
+        "--tick-seconds",
+        "1",
+        "--workers",
+        "1",
+        "--lease-seconds",
+        "4",
+        "--heartbeat-seconds",
+        "1",
+        "--pending-grace-seconds",
+        "5",
     )
     yield s
     stop_stack(s)

@@ -76,7 +76,9 @@ def test_a_failing_job_is_retried_then_dead_lettered(stack: Stack) -> None:
 
 def test_a_killed_worker_loses_its_lease_and_the_run_finishes_as_attempt_two(stack: Stack) -> None:
     # Given a 3-second job, running
-    _, job = stack.request("POST", "/jobs", _job(["sh", "-c", "sleep 3; echo done"], retry={"max_attempts": 3}))
+    _, job = stack.request(
+        "POST", "/jobs", _job(["sh", "-c", "sleep 3; echo done"], retry={"max_attempts": 3})
+    )
     [run] = stack.wait_run(job["job_id"], {"RUNNING"}, timeout=15)
     pid = int(run["lease_owner"].split(":")[1])
     # When its worker is killed with SIGKILL (the supervisor starts a new one, as a Fargate service would)

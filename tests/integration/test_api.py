@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import ModuleType
 
 import pytest
-from duetime.worker import Worker
 
+from duetime.worker import Worker
 from tests.helpers import call
 
 HELLO = {
@@ -64,7 +64,10 @@ def test_a_run_now_job_runs_and_its_run_and_logs_are_readable(api: ModuleType, d
         ({**HELLO, "retry": {"max_attempts": 0}}, "retry.max_attempts"),
         ({**HELLO, "schedule": {"expression": "rate(0 minutes)"}}, "schedule.expression"),
         ({**HELLO, "schedule": {"expression": "every tuesday"}}, "schedule.expression"),
-        ({**HELLO, "schedule": {"expression": "rate(1 minute)", "timezone": "Mars/Olympus"}}, "schedule.timezone"),
+        (
+            {**HELLO, "schedule": {"expression": "rate(1 minute)", "timezone": "Mars/Olympus"}},
+            "schedule.timezone",
+        ),
         ({**HELLO, "schedule": {"expression": "at(2020-01-01T00:00:00)"}}, "schedule.expression"),
         ({**HELLO, "job_id": "has spaces"}, "job_id"),
     ],
@@ -92,8 +95,14 @@ def test_a_taken_job_id_is_a_409(api: ModuleType) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["/jobs/job-nope", "/jobs/job-nope/runs", "/runs/job-nope.1764417600000", "/runs/garbage",
-     "/runs/job-nope.1764417600000/logs", "/nowhere"],
+    [
+        "/jobs/job-nope",
+        "/jobs/job-nope/runs",
+        "/runs/job-nope.1764417600000",
+        "/runs/garbage",
+        "/runs/job-nope.1764417600000/logs",
+        "/nowhere",
+    ],
 )
 def test_unknown_ids_are_404_with_a_json_body(api: ModuleType, path: str) -> None:
     status, answer, _ = call(api, "GET", path)
@@ -108,7 +117,6 @@ def test_healthz(api: ModuleType) -> None:
 def test_a_json_body_sent_as_a_form_is_read_as_json(api: ModuleType) -> None:
     # curl -d sends application/x-www-form-urlencoded unless told otherwise
     from duetime.local.lambda_runtime import LocalLambdaContext
-
     from tests.helpers import http_event
 
     event = http_event("POST", "/jobs", {**HELLO, "name": 1})

@@ -8,7 +8,6 @@ from duetime import claims, jobs
 from duetime.api_models import CreateJobRequest
 from duetime.deps import Deps
 from duetime.models import ContainerTask, Job, JobState, RunState, ScheduleSpec
-
 from tests.conftest import T0
 from tests.helpers import queue_counts
 
@@ -40,7 +39,12 @@ def test_tick_claims_a_due_run_and_sends_it_with_its_delay(deps: Deps, clock) ->
     # Then one PENDING run exists at the due time, the job moved to the next slot, a delayed message waits
     assert result.claimed == 1
     [run] = deps.store.list_runs(job.job_id)
-    assert (run.state, run.due_at, run.attempt, run.fencing_token) == (RunState.PENDING, T0 + timedelta(minutes=5), 1, 0)
+    assert (run.state, run.due_at, run.attempt, run.fencing_token) == (
+        RunState.PENDING,
+        T0 + timedelta(minutes=5),
+        1,
+        0,
+    )
     stored = deps.store.get_job(job.job_id)
     assert stored is not None and stored.next_fire_at == T0 + timedelta(minutes=10)
     counts = queue_counts(deps.settings.queue_url("small"))
@@ -79,7 +83,9 @@ def test_a_tick_that_crashed_after_step_one_is_repaired_by_the_next(deps: Deps, 
     clock.advance(270)
     snapshot = deps.store.get_job(job.job_id)
     assert snapshot is not None
-    deps.store.put_new_run(claims.new_run(snapshot, snapshot.next_fire_at, deps, trigger=claims.Trigger.SCHEDULE))
+    deps.store.put_new_run(
+        claims.new_run(snapshot, snapshot.next_fire_at, deps, trigger=claims.Trigger.SCHEDULE)
+    )
     # When the next tick runs
     result = claims.tick(job.shard, deps)
     # Then it finds the run (no second one), advances the job and sends the wake-up

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+
 from duetime import jobs, runs
 from duetime.api_models import CreateJobRequest
 from duetime.deps import Deps
@@ -12,7 +13,6 @@ from duetime.errors import LeaseLostError, StartRejectedError
 from duetime.models import ContainerTask, RetryPolicy, RunMessage, RunState
 from duetime.sweeper import sweep
 from duetime.worker import Worker
-
 from tests.helpers import drain
 
 
@@ -25,7 +25,10 @@ def _submit(deps: Deps, command: list[str], **kw) -> str:
 
 def test_worker_runs_the_command_and_stores_its_output(deps: Deps) -> None:
     # Given a run-now job that prints its run id, attempt and fencing token
-    job_id = _submit(deps, ["sh", "-c", 'echo "id=$DUETIME_RUN_ID a=$DUETIME_ATTEMPT t=$DUETIME_FENCING_TOKEN"; echo err >&2'])
+    job_id = _submit(
+        deps,
+        ["sh", "-c", 'echo "id=$DUETIME_RUN_ID a=$DUETIME_ATTEMPT t=$DUETIME_FENCING_TOKEN"; echo err >&2'],
+    )
     # When a worker polls
     finished = Worker(deps, "small", owner="w1").poll_once()
     # Then the run SUCCEEDED with exit 0, and its S3 log has stdout and stderr with its own ids
@@ -70,8 +73,6 @@ def test_a_finish_with_a_stale_fencing_token_is_rejected_and_recorded(deps: Deps
     clock.advance(deps.settings.lease_seconds + 1)
     # When the sweeper expires the lease (worker_lost, token bumped) and attempt 2 is started by worker B
     assert sweep(run_a.shard, deps).leases_expired == 1
-    clock.advance(1)
-    assert sweep(run_a.shard, deps).retries_released == 1
     run_b = runs.start(RunMessage(job_id=job_id, due_at=pending.due_at, attempt=2), deps, owner="B")
     assert run_b.fencing_token == 3
     # Then A's heartbeat and finish are rejected, never applied, and the rejection is in the run's history
@@ -100,28 +101,72 @@ def test_a_heartbeat_extends_the_lease_only_for_the_current_token(deps: Deps, cl
         runs.heartbeat(run, deps, fencing_token=0)
 
 
-def test_a_failing_command_is_retried_then_dead_lettered(deps: Deps, clock) -> None:
-    # Given a job that always exits 3, allowed 2 attempts, no jitter, 10 s backoff
+def test_a_failing_command_is_retried_by_its_delayed_wake_up_then_dead_lettered(deps: Deps, clock) -> None:
+    # Given a job that always exits 3, allowed 2 attempts, no jitter, 1 s backoff
     job_id = _submit(
-        deps, ["sh", "-c", "echo failing; exit 3"],
-        retry=RetryPolicy(max_attempts=2, backoff_seconds=10, jitter="none"),
+        deps,
+        ["sh", "-c", "echo failing; exit 3"],
+        retry=RetryPolicy(max_attempts=2, backoff_seconds=1, jitter="none"),
     )
     worker = Worker(deps, "small", owner="w1")
     # When attempt 1 fails
     worker.poll_once()
     [run] = deps.store.list_runs(job_id)
     assert (run.state, run.exit_code) == (RunState.RETRY_WAIT, 3)
-    assert run.watch_at == clock.now() + timedelta(seconds=10)
-    # Then nothing happens before the backoff, and after it the sweeper re-queues attempt 2
-    assert sweep(run.shard, deps).retries_released == 0
-    clock.advance(10)
-    assert sweep(run.shard, deps).retries_released == 1
-    worker.poll_once()
+    assert run.retry_at == clock.now() + timedelta(seconds=1)
+    # Then the retry's own message, delayed by the backoff, starts attempt 2 without the sweeper
+    clock.advance(1)
+    assert worker.poll_once(wait_seconds=5) == 1
     [run] = deps.store.list_runs(job_id)
     assert (run.state, run.attempt, run.dead_lettered, run.exit_code) == (RunState.FAILED, 2, True, 3)
     assert [(a.attempt, a.state, a.exit_code) for a in run.attempts] == [
-        (1, RunState.FAILED, 3), (2, RunState.FAILED, 3)]
+        (1, RunState.FAILED, 3),
+        (2, RunState.FAILED, 3),
+    ]
     assert "failing" in jobs.get_run_log(run.run_id, tenant="t1", deps=deps, attempt=1)
+    assert sweep(run.shard, deps).retries_released == 0
+
+
+def test_an_early_retry_wake_up_is_dropped_and_the_sweeper_releases_the_retry(deps: Deps, clock) -> None:
+    # Given attempt 1 failed with a 1 s backoff, and the worker's clock has not reached retry_at yet
+    job_id = _submit(
+        deps, ["sh", "-c", "exit 1"], retry=RetryPolicy(max_attempts=2, backoff_seconds=1, jitter="none")
+    )
+    worker = Worker(deps, "small", owner="w1")
+    worker.poll_once()
+    # When the wake-up arrives early, it is rejected: attempt 2 does not start before its time
+    assert worker.poll_once(wait_seconds=5) == 1
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.attempt) == (RunState.RETRY_WAIT, 1)
+    # Then the sweeper's backstop (one grace period after retry_at) releases it and it runs
+    clock.advance(1)
+    assert sweep(run.shard, deps).retries_released == 0
+    clock.advance(deps.settings.pending_grace_seconds)
+    assert sweep(run.shard, deps).retries_released == 1
+    worker.poll_once(wait_seconds=2)
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.attempt) == (RunState.FAILED, 2)
+
+
+def test_a_backoff_beyond_the_sqs_delay_limit_is_released_by_the_sweeper_on_time(deps: Deps, clock) -> None:
+    # Given a 20-minute backoff (SQS delays stop at 15 minutes)
+    job_id = _submit(
+        deps,
+        ["sh", "-c", "exit 1"],
+        retry=RetryPolicy(max_attempts=2, backoff_seconds=1200, max_backoff_seconds=3600, jitter="none"),
+    )
+    worker = Worker(deps, "small", owner="w1")
+    worker.poll_once()
+    [run] = deps.store.list_runs(job_id)
+    # Then no wake-up message was sent; the sweeper releases attempt 2 exactly at retry_at
+    assert drain(deps.settings.queue_url("small")) == []
+    assert run.watch_at == run.retry_at == clock.now() + timedelta(seconds=1200)
+    clock.advance(1199)
+    assert sweep(run.shard, deps).retries_released == 0
+    clock.advance(1)
+    assert sweep(run.shard, deps).retries_released == 1
+    assert worker.poll_once(wait_seconds=1) == 1
+    assert deps.store.list_runs(job_id)[0].attempt == 2
 
 
 def test_a_task_past_its_timeout_is_killed_and_timed_out(deps: Deps) -> None:

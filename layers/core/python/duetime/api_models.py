@@ -94,7 +94,16 @@ class RunResponse(BaseModel):
     @classmethod
     def of(cls, run: Run) -> RunResponse:
         data: dict[str, Any] = run.model_dump(
-            exclude={"tenant", "shard", "task", "timeout_seconds", "retry", "log_key", "watch_at", "created_at"}
+            exclude={
+                "tenant",
+                "shard",
+                "task",
+                "timeout_seconds",
+                "retry",
+                "log_key",
+                "watch_at",
+                "created_at",
+            }
         )
         data["run_id"] = run.run_id
         data["lag_seconds"] = (

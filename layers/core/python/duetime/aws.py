@@ -26,7 +26,7 @@ def client(service: str) -> Any:
         return found
     with _lock:
         if service not in _clients:
-            _clients[service] = boto3.session.Session().client(service, config=_CONFIG)  # type: ignore[call-overload]
+            _clients[service] = boto3.session.Session().client(service, config=_CONFIG)
         return _clients[service]
 
 

@@ -35,9 +35,15 @@ def local(
         raise typer.BadParameter("must be shorter than --lease-seconds", param_hint="--heartbeat-seconds")
     stack = LocalStack(
         LocalOptions(
-            api_port=api_port, tick_seconds=tick_seconds, workers=workers, demo=demo, shards=shards,
-            lease_seconds=lease_seconds, heartbeat_seconds=heartbeat_seconds,
-            pending_grace_seconds=pending_grace_seconds, verbose=verbose,
+            api_port=api_port,
+            tick_seconds=tick_seconds,
+            workers=workers,
+            demo=demo,
+            shards=shards,
+            lease_seconds=lease_seconds,
+            heartbeat_seconds=heartbeat_seconds,
+            pending_grace_seconds=pending_grace_seconds,
+            verbose=verbose,
         )
     )
     try:
@@ -57,7 +63,9 @@ def _load_local_env(config: Path) -> None:
 
 @app.command()
 def worker(
-    tier: Annotated[str, typer.Option(help="container tier whose queue to pull: small, medium or large")] = "small",
+    tier: Annotated[
+        str, typer.Option(help="container tier whose queue to pull: small, medium or large")
+    ] = "small",
     config: Annotated[
         Path, typer.Option(help="local stack state file, used when DUETIME_* variables are not set")
     ] = Path(".duetime/local.json"),

@@ -29,7 +29,9 @@ def deps_from_settings(settings: Settings, clock: Clock | None = None) -> Deps:
     """Adapters for ``settings``' tables, queues and bucket (clients are created lazily, on first use)."""
     return Deps(
         settings=settings,
-        store=DynamoStore(settings.jobs_table, settings.runs_table, run_retention_days=settings.run_retention_days),
+        store=DynamoStore(
+            settings.jobs_table, settings.runs_table, run_retention_days=settings.run_retention_days
+        ),
         queues=SqsQueues(settings.queue_urls),
         logs=S3Logs(settings.logs_bucket),
         clock=clock or SystemClock(),

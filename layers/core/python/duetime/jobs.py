@@ -46,7 +46,9 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
         spec = request.schedule
         anchor = truncate_ms(spec.start_at) if spec.start_at is not None else now
         # validates expression, zone and bounds; raises ScheduleError naming the field
-        parse_schedule(spec.expression, spec.timezone, anchor=anchor, start_at=spec.start_at, end_at=spec.end_at)
+        parse_schedule(
+            spec.expression, spec.timezone, anchor=anchor, start_at=spec.start_at, end_at=spec.end_at
+        )
     job = Job(
         job_id=job_id,
         tenant=tenant,

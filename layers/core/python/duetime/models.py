@@ -196,6 +196,8 @@ class Run(BaseModel):
     log_key: str | None = None
     #: non-terminal runs: when the sweeper must look at it (watchdog GSI); None once terminal.
     watch_at: Instant | None = None
+    #: RETRY_WAIT runs: when the next attempt may start (its wake-up message is delayed until then).
+    retry_at: Instant | None = None
     #: for catch-up: how many earlier slots were skipped when this one was claimed.
     missed_slots: int = 0
     dead_lettered: bool = False

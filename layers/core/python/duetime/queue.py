@@ -58,7 +58,12 @@ class SqsQueues:
         )
 
     def receive(
-        self, tier: str, *, max_messages: int = 1, wait_seconds: int = 1, visibility_seconds: int | None = None
+        self,
+        tier: str,
+        *,
+        max_messages: int = 1,
+        wait_seconds: int = 1,
+        visibility_seconds: int | None = None,
     ) -> list[ReceivedMessage]:
         """Long-poll ``tier``'s queue. Bodies that are not run messages come back with ``message=None``."""
         kwargs: dict[str, Any] = {

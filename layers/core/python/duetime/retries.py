@@ -24,7 +24,9 @@ def backoff_ceiling(policy: RetryPolicy, failed_attempt: int) -> float:
     if failed_attempt < 1:
         raise ValueError("failed_attempt is 1-based")
     exponent = min(failed_attempt - 1, 64)  # avoid float overflow on absurd attempt counts
-    return float(min(policy.max_backoff_seconds, policy.backoff_seconds * policy.backoff_multiplier**exponent))
+    return float(
+        min(policy.max_backoff_seconds, policy.backoff_seconds * policy.backoff_multiplier**exponent)
+    )
 
 
 def backoff_delay(

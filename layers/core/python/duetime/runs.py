@@ -15,6 +15,8 @@ from duetime.deps import Deps
 from duetime.errors import LeaseLostError
 from duetime.models import AttemptRecord, Run, RunMessage, RunState
 from duetime.observability import logger
+from duetime.queue import delay_seconds
+from duetime.resources import SQS_MAX_DELAY_SECONDS
 from duetime.retries import backoff_delay
 from duetime.store import Update, terminal_removals
 
@@ -38,8 +40,12 @@ def start(message: RunMessage, deps: Deps, *, owner: str) -> Run:
     now = deps.clock.now()
     lease_expires_at = now + timedelta(seconds=deps.settings.lease_seconds)
     return deps.store.start_run(
-        message.job_id, message.due_at, attempt=message.attempt, owner=owner,
-        lease_expires_at=lease_expires_at, now=now,
+        message.job_id,
+        message.due_at,
+        attempt=message.attempt,
+        owner=owner,
+        lease_expires_at=lease_expires_at,
+        now=now,
     )
 
 
@@ -92,29 +98,76 @@ def finish(
         raise ValueError(f"cannot finish a run as {outcome}")
     now = deps.clock.now()
     upd = _attempt_end_update(
-        run, deps, now=now, fencing_token=fencing_token, outcome=outcome, exit_code=exit_code,
-        error=error, log_key=log_key, reason=reason, worker=run.lease_owner,
+        run,
+        deps,
+        now=now,
+        fencing_token=fencing_token,
+        outcome=outcome,
+        exit_code=exit_code,
+        error=error,
+        log_key=log_key,
+        reason=reason,
+        worker=run.lease_owner,
     )
     try:
-        return deps.store.fenced_transition(run.job_id, run.due_at, fencing_token=fencing_token, update=upd)
+        ended = deps.store.fenced_transition(run.job_id, run.due_at, fencing_token=fencing_token, update=upd)
     except LeaseLostError:
         deps.store.record_event(
-            run.job_id, run.due_at,
-            {"at": now, "kind": "stale_finish_rejected",
-             "detail": {"fencing_token": fencing_token, "attempt": run.attempt, "outcome": outcome.value}},
+            run.job_id,
+            run.due_at,
+            {
+                "at": now,
+                "kind": "stale_finish_rejected",
+                "detail": {"fencing_token": fencing_token, "attempt": run.attempt, "outcome": outcome.value},
+            },
         )
         logger.warning("stale finish rejected", extra={"run_id": run.run_id, "fencing_token": fencing_token})
         raise
+    send_retry_wake_up(ended, deps)
+    return ended
+
+
+def send_retry_wake_up(run: Run, deps: Deps) -> None:
+    """For a run now in RETRY_WAIT, send the next attempt's message delayed until its ``retry_at``.
+
+    Only when that is within SQS's 900 s delay limit; longer backoffs are released by the sweeper at
+    ``retry_at`` (their ``watch_at``). Either way the start is conditional, so both paths are safe together.
+    """
+    if run.state is not RunState.RETRY_WAIT or run.retry_at is None:
+        return
+    delay = delay_seconds(run.retry_at, deps.clock.now())
+    if (run.retry_at - deps.clock.now()).total_seconds() <= SQS_MAX_DELAY_SECONDS:
+        deps.queues.send(
+            run.task.tier,
+            RunMessage(job_id=run.job_id, due_at=run.due_at, attempt=run.attempt + 1),
+            delay=delay,
+        )
 
 
 def _attempt_end_update(
-    run: Run, deps: Deps, *, now: datetime, fencing_token: int, outcome: RunState, exit_code: int | None,
-    error: str | None, log_key: str | None, reason: str | None, worker: str | None,
+    run: Run,
+    deps: Deps,
+    *,
+    now: datetime,
+    fencing_token: int,
+    outcome: RunState,
+    exit_code: int | None,
+    error: str | None,
+    log_key: str | None,
+    reason: str | None,
+    worker: str | None,
 ) -> Update:
     """The update that ends the current attempt (shared by finish and lease expiry)."""
     record = AttemptRecord(
-        attempt=run.attempt, fencing_token=fencing_token, worker=worker, started_at=run.started_at,
-        finished_at=now, state=outcome, exit_code=exit_code, reason=reason, log_key=log_key,
+        attempt=run.attempt,
+        fencing_token=fencing_token,
+        worker=worker,
+        started_at=run.started_at,
+        finished_at=now,
+        state=outcome,
+        exit_code=exit_code,
+        reason=reason,
+        log_key=log_key,
     )
     upd = Update()
     upd.appends["attempts"] = [record.model_dump(mode="python", exclude_none=True)]
@@ -125,7 +178,14 @@ def _attempt_end_update(
             upd.removes.append(attr)
     if outcome is RunState.FAILED and run.attempt < run.max_attempts:
         delay = backoff_delay(run.retry, run.attempt)
-        upd.sets.update(state=RunState.RETRY_WAIT.value, watch_at=now + timedelta(seconds=delay))
+        retry_at = now + timedelta(seconds=delay)
+        # a delayed message wakes the retry up directly; the sweeper is the backstop one grace period later
+        backstop = deps.settings.pending_grace_seconds if delay <= SQS_MAX_DELAY_SECONDS else 0.0
+        upd.sets.update(
+            state=RunState.RETRY_WAIT.value,
+            retry_at=retry_at,
+            watch_at=retry_at + timedelta(seconds=backstop),
+        )
         upd.removes.extend(["lease_owner", "lease_expires_at"])
     else:
         upd.sets["state"] = outcome.value
@@ -145,10 +205,19 @@ def expire_lease(run: Run, deps: Deps) -> Run:
     """
     now = deps.clock.now()
     upd = _attempt_end_update(
-        run, deps, now=now, fencing_token=run.fencing_token, outcome=RunState.FAILED, exit_code=None,
-        error="worker lost: lease expired without a heartbeat", log_key=None, reason="worker_lost",
+        run,
+        deps,
+        now=now,
+        fencing_token=run.fencing_token,
+        outcome=RunState.FAILED,
+        exit_code=None,
+        error="worker lost: lease expired without a heartbeat",
+        log_key=None,
+        reason="worker_lost",
         worker=run.lease_owner,
     )
     upd.adds["fencing_token"] = 1
     upd.extra_condition = f"{upd.name('lease_expires_at')} <= {upd.value('now', now)}"
-    return deps.store.fenced_transition(run.job_id, run.due_at, fencing_token=run.fencing_token, update=upd)
+    ended = deps.store.fenced_transition(run.job_id, run.due_at, fencing_token=run.fencing_token, update=upd)
+    send_retry_wake_up(ended, deps)
+    return ended

@@ -152,7 +152,9 @@ class Update:
         if self.removes:
             clauses.append("REMOVE " + ", ".join(self.name(a) for a in self.removes))
         if self.adds:
-            clauses.append("ADD " + ", ".join(f"{self.name(k)} {self.value('d_' + k, v)}" for k, v in self.adds.items()))
+            clauses.append(
+                "ADD " + ", ".join(f"{self.name(k)} {self.value('d_' + k, v)}" for k, v in self.adds.items())
+            )
         conds = []
         for attr, expected in self.conditions.items():
             if expected is None:
@@ -166,14 +168,16 @@ class Update:
             "ExpressionAttributeNames": self._names,
         }
         if self._values:
-            request["ExpressionAttributeValues"] = {k: _ser.serialize(_to_attr(v)) for k, v in self._values.items()}
+            request["ExpressionAttributeValues"] = {
+                k: _ser.serialize(_to_attr(v)) for k, v in self._values.items()
+            }
         if conds:
             request["ConditionExpression"] = " AND ".join(conds)
         return request
 
 
 def _is_condition_failure(exc: ClientError) -> bool:
-    return exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
+    return bool(exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException")
 
 
 class DynamoStore:
@@ -335,29 +339,50 @@ class DynamoStore:
 
     # ---- run transitions (DESIGN.md section 5) -------------------------------------------------------
     def start_run(
-        self, job_id: str, due_at: datetime, *, attempt: int, owner: str, lease_expires_at: datetime,
+        self,
+        job_id: str,
+        due_at: datetime,
+        *,
+        attempt: int,
+        owner: str,
+        lease_expires_at: datetime,
         now: datetime,
     ) -> Run:
-        """PENDING -> RUNNING for ``attempt``; the fencing token goes up by one.
+        """Start ``attempt``: the run becomes RUNNING and its fencing token goes up by one.
+
+        Accepted from PENDING at ``attempt``, or from RETRY_WAIT at ``attempt - 1`` once its ``retry_at`` has
+        passed (the retry's delayed wake-up message arrives directly, without waiting for the sweeper).
 
         Raises:
-            StartRejectedError: the run is not PENDING at that attempt (a duplicate or stale message).
+            StartRejectedError: neither holds: a duplicate, stale or early message. Drop it.
         """
-        upd = Update(conditions={"state": RunState.PENDING.value, "attempt": attempt})
+        upd = Update()
+        state, att, retry_at = upd.name("state"), upd.name("attempt"), upd.name("retry_at")
+        upd.extra_condition = (
+            f"({state} = {upd.value('pending', RunState.PENDING.value)} AND {att} = {upd.value('att', attempt)})"
+            f" OR ({state} = {upd.value('retry_wait', RunState.RETRY_WAIT.value)}"
+            f" AND {att} = {upd.value('prev_att', attempt - 1)} AND {retry_at} <= {upd.value('now', now)})"
+        )
         upd.sets.update(
             state=RunState.RUNNING.value,
+            attempt=attempt,
             lease_owner=owner,
             lease_expires_at=lease_expires_at,
             started_at=now,
             watch_at=lease_expires_at,
         )
+        upd.removes.append("retry_at")
         upd.adds["fencing_token"] = 1
         try:
             return self.update_run(job_id, due_at, upd)
         except ConditionFailedError:
-            raise StartRejectedError(f"run {job_id}@{to_iso(due_at)} attempt {attempt} is not PENDING") from None
+            raise StartRejectedError(
+                f"run {job_id}@{to_iso(due_at)} attempt {attempt} cannot start (duplicate, stale or early)"
+            ) from None
 
-    def heartbeat(self, job_id: str, due_at: datetime, *, fencing_token: int, lease_expires_at: datetime) -> Run:
+    def heartbeat(
+        self, job_id: str, due_at: datetime, *, fencing_token: int, lease_expires_at: datetime
+    ) -> Run:
         """Extend the lease if ``fencing_token`` is still current and the run RUNNING.
 
         Raises:
@@ -370,9 +395,7 @@ class DynamoStore:
         except ConditionFailedError:
             raise LeaseLostError(f"lease on {job_id}@{to_iso(due_at)} token {fencing_token} lost") from None
 
-    def fenced_transition(
-        self, job_id: str, due_at: datetime, *, fencing_token: int, update: Update
-    ) -> Run:
+    def fenced_transition(self, job_id: str, due_at: datetime, *, fencing_token: int, update: Update) -> Run:
         """Apply ``update`` only if the run is RUNNING under ``fencing_token`` (finish, lease expiry).
 
         Raises:
@@ -382,7 +405,9 @@ class DynamoStore:
         try:
             return self.update_run(job_id, due_at, update)
         except ConditionFailedError:
-            raise LeaseLostError(f"stale fencing token {fencing_token} on {job_id}@{to_iso(due_at)}") from None
+            raise LeaseLostError(
+                f"stale fencing token {fencing_token} on {job_id}@{to_iso(due_at)}"
+            ) from None
 
     def record_event(self, job_id: str, due_at: datetime, event: Mapping[str, Any]) -> None:
         """Append ``event`` to the run's ``events`` history (unconditional but for the run existing)."""

@@ -4,7 +4,9 @@ It reads only the watchdog GSI (non-terminal runs whose ``watch_at`` has passed)
 action is a conditional update, so running it twice at once is safe:
 - PENDING past due + grace: the message was lost (or is late); re-send it ([S0] "the run row is the truth").
 - RUNNING with an expired lease: the attempt failed with reason ``worker_lost``; retry rules apply.
-- RETRY_WAIT whose backoff has passed: back to PENDING with attempt + 1, and a message is sent.
+- RETRY_WAIT whose wake-up did not start it: back to PENDING with attempt + 1, and a message is sent. (A
+  failed attempt sends its retry's message itself, delayed by the backoff; the sweeper is the backstop one
+  grace period later, and the only path for backoffs beyond SQS's 900 s delay limit.)
 """
 
 from __future__ import annotations
@@ -61,11 +63,14 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
 def _resend(run: Run, deps: Deps) -> None:
     """Re-send a PENDING run's message and push its watch time out by one grace period."""
     now = deps.clock.now()
-    upd = Update(conditions={"state": RunState.PENDING.value, "attempt": run.attempt, "watch_at": run.watch_at})
+    upd = Update(
+        conditions={"state": RunState.PENDING.value, "attempt": run.attempt, "watch_at": run.watch_at}
+    )
     upd.sets["watch_at"] = now + timedelta(seconds=deps.settings.pending_grace_seconds)
     deps.store.update_run(run.job_id, run.due_at, upd)
     deps.queues.send(
-        run.task.tier, RunMessage(job_id=run.job_id, due_at=run.due_at, attempt=run.attempt),
+        run.task.tier,
+        RunMessage(job_id=run.job_id, due_at=run.due_at, attempt=run.attempt),
         delay=delay_seconds(run.due_at, now),
     )
     logger.info("pending run re-sent", extra={"run_id": run.run_id, "attempt": run.attempt})
@@ -80,6 +85,7 @@ def _release_retry(run: Run, deps: Deps) -> None:
         attempt=run.attempt + 1,
         watch_at=now + timedelta(seconds=deps.settings.pending_grace_seconds),
     )
+    upd.removes.append("retry_at")
     deps.store.update_run(run.job_id, run.due_at, upd)
     deps.queues.send(run.task.tier, RunMessage(job_id=run.job_id, due_at=run.due_at, attempt=run.attempt + 1))
     logger.info("retry released", extra={"run_id": run.run_id, "attempt": run.attempt + 1})

@@ -122,7 +122,7 @@ class Worker:
             except Exception:  # noqa: BLE001 - a worker must outlive transient faults
                 failures += 1
                 logger.exception("worker poll failed", extra={"tier": self.tier})
-                self.stopping.wait(min(30.0, 0.5 * 2**min(failures, 6)))
+                self.stopping.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
 
     def stop(self) -> None:
         self.stopping.set()
@@ -172,12 +172,21 @@ class Worker:
         elif outcome.exit_code == 0 and outcome.error is None:
             state, reason, error = RunState.SUCCEEDED, None, None
         else:
-            state, reason = RunState.FAILED, "worker_stopped" if outcome.error == "worker stopped" else "exit_code"
+            state, reason = (
+                RunState.FAILED,
+                "worker_stopped" if outcome.error == "worker stopped" else "exit_code",
+            )
             error = outcome.error or f"exit code {outcome.exit_code}"
         try:
             finished = finish(
-                run, self.deps, fencing_token=token, outcome=state, exit_code=outcome.exit_code,
-                error=error, log_key=key, reason=reason,
+                run,
+                self.deps,
+                fencing_token=token,
+                outcome=state,
+                exit_code=outcome.exit_code,
+                error=error,
+                log_key=key,
+                reason=reason,
             )
         except LeaseLostError:
             finished = None
@@ -185,16 +194,23 @@ class Worker:
         logger.info("run finished", extra={"state": state.value, "exit_code": outcome.exit_code})
         if os.environ.get("DUETIME_WORKER_ECHO"):
             shown = finished.state.value if finished is not None else f"{state.value} (rejected: stale token)"
-            print(f"worker[{self.tier}]: run {run.run_id} attempt {run.attempt} -> {shown} "
-                  f"(exit {outcome.exit_code})", flush=True)
+            print(
+                f"worker[{self.tier}]: run {run.run_id} attempt {run.attempt} -> {shown} "
+                f"(exit {outcome.exit_code})",
+                flush=True,
+            )
         return finished
 
     def _run_task(self, run: Run, token: int, out: IO[bytes], received: ReceivedMessage) -> TaskOutcome:
         settings = self.deps.settings
         try:
             proc = subprocess.Popen(  # noqa: S603 - argv list, no shell unless the job asked for one
-                run.task.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=task_env(run), start_new_session=True,
+                run.task.command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=task_env(run),
+                start_new_session=True,
             )
         except OSError as exc:
             out.write(f"duetime: cannot start {run.task.command[0]!r}: {exc}\n".encode())
@@ -218,7 +234,9 @@ class Worker:
                 )
             if now >= deadline:
                 kill_group(proc, settings.kill_grace_seconds)
-                out.write(f"\nduetime: timed out after {run.timeout_seconds} s; process group killed\n".encode())
+                out.write(
+                    f"\nduetime: timed out after {run.timeout_seconds} s; process group killed\n".encode()
+                )
                 return TaskOutcome(exit_code=proc.returncode, timed_out=True, lease_lost=False)
             if now >= next_beat:
                 next_beat = now + settings.heartbeat_seconds
@@ -230,4 +248,6 @@ class Worker:
                     return TaskOutcome(exit_code=proc.returncode, timed_out=False, lease_lost=True)
                 except Exception:  # noqa: BLE001 - a missed heartbeat is retried at the next beat
                     logger.exception("heartbeat failed")
-                self.deps.queues.extend_visibility(self.tier, received.receipt_handle, QUEUE_VISIBILITY_SECONDS)
+                self.deps.queues.extend_visibility(
+                    self.tier, received.receipt_handle, QUEUE_VISIBILITY_SECONDS
+                )

@@ -222,7 +222,10 @@ class LocalStack:
             while not self._stopping.wait(1.0):
                 for i, (tier, proc) in enumerate(list(self._workers)):
                     if proc.poll() is not None and not self._stopping.is_set():
-                        print(f"worker {proc.pid} ({tier}) exited with {proc.returncode}; restarting", flush=True)
+                        print(
+                            f"worker {proc.pid} ({tier}) exited with {proc.returncode}; restarting",
+                            flush=True,
+                        )
                         self._workers.remove((tier, proc))
                         self._spawn_worker(tier)
                         del i
@@ -244,13 +247,17 @@ class LocalStack:
         )
         for body in json.loads(text):
             request = urllib.request.Request(
-                f"{self.api_url}/jobs", data=json.dumps(body).encode(), method="POST",
+                f"{self.api_url}/jobs",
+                data=json.dumps(body).encode(),
+                method="POST",
                 headers={"Content-Type": "application/json"},
             )
             try:
                 with urllib.request.urlopen(request, timeout=10) as response:
                     job = json.loads(response.read())
-                print(f"demo: job {job['job_id']} {job['name']!r} next fire {job['next_fire_at']}", flush=True)
+                print(
+                    f"demo: job {job['job_id']} {job['name']!r} next fire {job['next_fire_at']}", flush=True
+                )
             except urllib.error.HTTPError as exc:
                 print(f"demo: {body.get('name')!r} rejected: {exc.read().decode()}", flush=True)
 

@@ -27,6 +27,12 @@ def local(
         float, typer.Option(min=1, help="a PENDING run this late is re-sent by the sweeper, seconds")
     ] = 60.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="handler logs and EMF metrics")] = False,
+    aws_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="use this already-running moto server (kept running on exit) instead of starting one"
+        ),
+    ] = None,
 ) -> None:
     """Run the whole stack on this machine against moto's server on 127.0.0.1, until Ctrl-C."""
     from duetime.local.stack import LocalOptions, LocalStack
@@ -44,6 +50,7 @@ def local(
             heartbeat_seconds=heartbeat_seconds,
             pending_grace_seconds=pending_grace_seconds,
             verbose=verbose,
+            aws_endpoint=aws_endpoint,
         )
     )
     try:

@@ -59,6 +59,8 @@ class LocalOptions:
     verbose: bool = False
     state_file: Path = STATE_FILE
     demo_file: Path | None = None
+    #: reuse a moto server that is already running (its state survives a restart of Duetime's processes)
+    aws_endpoint: str | None = None
 
 
 @dataclass
@@ -133,6 +135,9 @@ class LocalStack:
         )
 
     def _start_moto(self) -> None:
+        if self.options.aws_endpoint:
+            self.aws_endpoint = self.options.aws_endpoint.rstrip("/")
+            return
         self._moto = subprocess.Popen(
             [sys.executable, "-m", "duetime.local.moto_server", "--host", "127.0.0.1", "--port", "0"],
             stdout=subprocess.PIPE,

@@ -6,12 +6,13 @@ import time
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+
 from duetime.errors import ScheduleError
 from duetime.schedules import Schedule, parse_schedule
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 def iso(text: str) -> datetime:
@@ -150,7 +151,14 @@ def test_rate_accepts_singular_plural_and_any_case(expression: str) -> None:
 
 @pytest.mark.parametrize(
     "expression",
-    ["rate(0 minutes)", "rate(-5 minutes)", "rate(1.5 hours)", "rate(5 weeks)", "rate(five minutes)", "rate()"],
+    [
+        "rate(0 minutes)",
+        "rate(-5 minutes)",
+        "rate(1.5 hours)",
+        "rate(5 weeks)",
+        "rate(five minutes)",
+        "rate()",
+    ],
 )
 def test_bad_rate_is_rejected(expression: str) -> None:
     with pytest.raises(ScheduleError) as err:
@@ -188,7 +196,11 @@ def test_start_at_is_inclusive_and_nothing_fires_before_it() -> None:
 
 def test_end_at_is_inclusive_and_nothing_fires_after_it() -> None:
     schedule = parse_schedule("rate(1 hour)", anchor=utc(2026, 1, 1), end_at=utc(2026, 1, 1, 2))
-    assert schedule.preview(utc(2025, 1, 1), 10) == [utc(2026, 1, 1, 0), utc(2026, 1, 1, 1), utc(2026, 1, 1, 2)]
+    assert schedule.preview(utc(2025, 1, 1), 10) == [
+        utc(2026, 1, 1, 0),
+        utc(2026, 1, 1, 1),
+        utc(2026, 1, 1, 2),
+    ]
 
 
 def test_latest_at_or_before_respects_end_at() -> None:
@@ -208,8 +220,10 @@ def test_at_outside_its_bounds_is_rejected() -> None:
     assert err.value.field == "schedule.end_at"
 
 
-@pytest.mark.parametrize(("kwarg", "field"), [("start_at", "schedule.start_at"), ("end_at", "schedule.end_at"),
-                                              ("anchor", "schedule.anchor")])
+@pytest.mark.parametrize(
+    ("kwarg", "field"),
+    [("start_at", "schedule.start_at"), ("end_at", "schedule.end_at"), ("anchor", "schedule.anchor")],
+)
 def test_naive_bounds_are_rejected(kwarg: str, field: str) -> None:
     with pytest.raises(ScheduleError) as err:
         parse_schedule("rate(1 hour)", **{kwarg: datetime(2026, 1, 1)})  # type: ignore[arg-type]
@@ -261,13 +275,17 @@ def test_preview_rejects_negative_count_and_returns_empty_for_zero() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def fires(expression: str, after: datetime, count: int, zone: str = "UTC", **kwargs: object) -> list[datetime]:
+def fires(
+    expression: str, after: datetime, count: int, zone: str = "UTC", **kwargs: object
+) -> list[datetime]:
     return parse_schedule(expression, zone, **kwargs).preview(after, count)  # type: ignore[arg-type]
 
 
 def test_every_five_minutes() -> None:
     assert fires("*/5 * * * *", utc(2026, 5, 1, 10, 3, 20), 3) == [
-        utc(2026, 5, 1, 10, 5), utc(2026, 5, 1, 10, 10), utc(2026, 5, 1, 10, 15)
+        utc(2026, 5, 1, 10, 5),
+        utc(2026, 5, 1, 10, 10),
+        utc(2026, 5, 1, 10, 15),
     ]
 
 
@@ -278,19 +296,29 @@ def test_cron_next_is_strictly_after_a_matching_instant() -> None:
 def test_start_slash_step_means_start_to_max() -> None:
     # "5/15" in the minute field = 5,20,35,50
     assert fires("5/15 * * * *", utc(2026, 5, 1, 10, 0), 5) == [
-        utc(2026, 5, 1, 10, 5), utc(2026, 5, 1, 10, 20), utc(2026, 5, 1, 10, 35), utc(2026, 5, 1, 10, 50),
+        utc(2026, 5, 1, 10, 5),
+        utc(2026, 5, 1, 10, 20),
+        utc(2026, 5, 1, 10, 35),
+        utc(2026, 5, 1, 10, 50),
         utc(2026, 5, 1, 11, 5),
     ]
 
 
 def test_lists_and_ranges_combine() -> None:
     assert fires("0 8-9,17 * * *", utc(2026, 5, 1), 4) == [
-        utc(2026, 5, 1, 8), utc(2026, 5, 1, 9), utc(2026, 5, 1, 17), utc(2026, 5, 2, 8)
+        utc(2026, 5, 1, 8),
+        utc(2026, 5, 1, 9),
+        utc(2026, 5, 1, 17),
+        utc(2026, 5, 2, 8),
     ]
 
 
 def test_month_names_and_ranges() -> None:
-    assert fires("0 0 1 jan-mar,JUL *", utc(2026, 2, 15), 3) == [utc(2026, 3, 1), utc(2026, 7, 1), utc(2027, 1, 1)]
+    assert fires("0 0 1 jan-mar,JUL *", utc(2026, 2, 15), 3) == [
+        utc(2026, 3, 1),
+        utc(2026, 7, 1),
+        utc(2027, 1, 1),
+    ]
 
 
 def test_weekday_names_are_case_insensitive() -> None:
@@ -301,14 +329,20 @@ def test_weekday_names_are_case_insensitive() -> None:
 def test_weekday_range_may_wrap_through_sunday() -> None:
     # fri-mon = Fri, Sat, Sun, Mon; 2026-05-06 is a Wednesday
     assert fires("0 0 * * fri-mon", utc(2026, 5, 6), 5) == [
-        utc(2026, 5, 8), utc(2026, 5, 9), utc(2026, 5, 10), utc(2026, 5, 11), utc(2026, 5, 15)
+        utc(2026, 5, 8),
+        utc(2026, 5, 9),
+        utc(2026, 5, 10),
+        utc(2026, 5, 11),
+        utc(2026, 5, 15),
     ]
 
 
 def test_sunday_is_zero_and_seven_alike() -> None:
-    assert fires("0 0 * * 0", utc(2026, 5, 1), 2) == fires("0 0 * * 7", utc(2026, 5, 1), 2) == [
-        utc(2026, 5, 3), utc(2026, 5, 10)
-    ]
+    assert (
+        fires("0 0 * * 0", utc(2026, 5, 1), 2)
+        == fires("0 0 * * 7", utc(2026, 5, 1), 2)
+        == [utc(2026, 5, 3), utc(2026, 5, 10)]
+    )
 
 
 def test_weekday_range_ending_in_seven() -> None:
@@ -379,7 +413,10 @@ def test_macros(macro: str, expected: list[datetime]) -> None:
 def test_day_fields_or_when_both_restricted() -> None:
     # Friday the 13th style: the 13th OR any Friday (2026-11-13 is itself a Friday)
     assert fires("0 0 13 * fri", utc(2026, 11, 1), 4) == [
-        utc(2026, 11, 6), utc(2026, 11, 13), utc(2026, 11, 20), utc(2026, 11, 27)
+        utc(2026, 11, 6),
+        utc(2026, 11, 13),
+        utc(2026, 11, 20),
+        utc(2026, 11, 27),
     ]
 
 
@@ -417,8 +454,9 @@ def test_eventbridge_daily_noon() -> None:
 
 def test_eventbridge_weekdays_count_sunday_as_one() -> None:
     # 2-6 = MON-FRI in EventBridge; 2026-05-01 is a Friday
-    assert fires("cron(0 10 ? * 2-6 *)", utc(2026, 5, 1, 11), 2) == fires("cron(0 10 ? * MON-FRI *)",
-                                                                          utc(2026, 5, 1, 11), 2)
+    assert fires("cron(0 10 ? * 2-6 *)", utc(2026, 5, 1, 11), 2) == fires(
+        "cron(0 10 ? * MON-FRI *)", utc(2026, 5, 1, 11), 2
+    )
     assert fires("cron(0 10 ? * 2-6 *)", utc(2026, 5, 1, 11), 2) == [utc(2026, 5, 4, 10), utc(2026, 5, 5, 10)]
 
 
@@ -438,12 +476,18 @@ def test_eventbridge_third_friday() -> None:
 def test_eventbridge_last_day_of_month_in_a_year_range() -> None:
     schedule = parse_schedule("cron(15 10 L 2 ? 2030-2032)")
     assert schedule.preview(utc(2026, 1, 1), 5) == [
-        utc(2030, 2, 28, 10, 15), utc(2031, 2, 28, 10, 15), utc(2032, 2, 29, 10, 15)
+        utc(2030, 2, 28, 10, 15),
+        utc(2031, 2, 28, 10, 15),
+        utc(2032, 2, 29, 10, 15),
     ]
 
 
 def test_eventbridge_year_list_and_step() -> None:
-    assert fires("cron(0 0 1 1 ? 2030/5)", utc(2026, 1, 1), 3) == [utc(2030, 1, 1), utc(2035, 1, 1), utc(2040, 1, 1)]
+    assert fires("cron(0 0 1 1 ? 2030/5)", utc(2026, 1, 1), 3) == [
+        utc(2030, 1, 1),
+        utc(2035, 1, 1),
+        utc(2040, 1, 1),
+    ]
 
 
 def test_eventbridge_keyword_is_case_insensitive() -> None:
@@ -525,42 +569,49 @@ def test_empty_expression_is_rejected() -> None:
 def test_weekly_job_keeps_local_hour_across_a_southern_hemisphere_change() -> None:
     # Sydney leaves DST on 2026-04-05 (AEDT +11 -> AEST +10)
     assert fires("0 9 * * 3", iso("2026-03-30T00:00:00+11:00"), 3, "Australia/Sydney") == [
-        iso("2026-04-01T09:00:00+11:00"), iso("2026-04-08T09:00:00+10:00"), iso("2026-04-15T09:00:00+10:00")
+        iso("2026-04-01T09:00:00+11:00"),
+        iso("2026-04-08T09:00:00+10:00"),
+        iso("2026-04-15T09:00:00+10:00"),
     ]
 
 
 def test_fixed_job_at_midnight_that_does_not_exist_runs_when_the_gap_ends() -> None:
     # Sao Paulo sprang forward at midnight on 2018-11-04 (00:00 -03 -> 01:00 -02)
     assert fires("0 0 * * *", iso("2018-11-03T12:00:00-03:00"), 2, "America/Sao_Paulo") == [
-        iso("2018-11-04T01:00:00-02:00"), iso("2018-11-05T00:00:00-02:00")
+        iso("2018-11-04T01:00:00-02:00"),
+        iso("2018-11-05T00:00:00-02:00"),
     ]
 
 
 def test_fixed_job_in_gap_runs_at_gap_end_in_berlin() -> None:
     assert fires("30 2 * * *", iso("2026-03-28T12:00:00+01:00"), 2, "Europe/Berlin") == [
-        iso("2026-03-29T03:00:00+02:00"), iso("2026-03-30T02:30:00+02:00")
+        iso("2026-03-29T03:00:00+02:00"),
+        iso("2026-03-30T02:30:00+02:00"),
     ]
 
 
 def test_fixed_job_in_a_half_hour_gap_runs_at_gap_end() -> None:
     # Lord Howe: 2026-10-04 02:00 +10:30 -> 02:30 +11
     assert fires("10 2 * * *", iso("2026-10-03T12:00:00+10:30"), 2, "Australia/Lord_Howe") == [
-        iso("2026-10-04T02:30:00+11:00"), iso("2026-10-05T02:10:00+11:00")
+        iso("2026-10-04T02:30:00+11:00"),
+        iso("2026-10-05T02:10:00+11:00"),
     ]
 
 
 def test_several_fixed_times_in_the_gap_run_once() -> None:
     # 02:00, 02:20 and 02:40 are all skipped by New York's 2026 gap; plus 03:00 itself
     assert fires("0,20,40 2,3 * * *", iso("2026-03-08T01:00:00-05:00"), 4, "America/New_York") == [
-        iso("2026-03-08T03:00:00-04:00"), iso("2026-03-08T03:20:00-04:00"), iso("2026-03-08T03:40:00-04:00"),
+        iso("2026-03-08T03:00:00-04:00"),
+        iso("2026-03-08T03:20:00-04:00"),
+        iso("2026-03-08T03:40:00-04:00"),
         iso("2026-03-09T02:00:00-04:00"),
     ]
 
 
 def test_skip_policy_drops_a_fixed_time_in_the_gap() -> None:
-    assert fires("30 2 * * *", iso("2026-03-08T00:00:00-05:00"), 2, "America/New_York", dst_policy="skip") == [
-        iso("2026-03-09T02:30:00-04:00"), iso("2026-03-10T02:30:00-04:00")
-    ]
+    assert fires(
+        "30 2 * * *", iso("2026-03-08T00:00:00-05:00"), 2, "America/New_York", dst_policy="skip"
+    ) == [iso("2026-03-09T02:30:00-04:00"), iso("2026-03-10T02:30:00-04:00")]
 
 
 def test_skip_policy_does_not_change_a_normal_day() -> None:
@@ -572,21 +623,28 @@ def test_skip_policy_does_not_change_a_normal_day() -> None:
 def test_interval_job_skips_wall_times_inside_the_gap() -> None:
     # Sydney springs forward 2026-10-04 02:00 AEST -> 03:00 AEDT
     assert fires("0 * * * *", iso("2026-10-04T01:00:00+10:00"), 2, "Australia/Sydney") == [
-        iso("2026-10-04T03:00:00+11:00"), iso("2026-10-04T04:00:00+11:00")
+        iso("2026-10-04T03:00:00+11:00"),
+        iso("2026-10-04T04:00:00+11:00"),
     ]
 
 
 def test_hourly_fires_in_both_passes_of_londons_repeated_hour() -> None:
     assert fires("0 * * * *", iso("2026-10-25T00:30:00+01:00"), 3, "Europe/London") == [
-        iso("2026-10-25T01:00:00+01:00"), iso("2026-10-25T01:00:00+00:00"), iso("2026-10-25T02:00:00+00:00")
+        iso("2026-10-25T01:00:00+01:00"),
+        iso("2026-10-25T01:00:00+00:00"),
+        iso("2026-10-25T02:00:00+00:00"),
     ]
 
 
 def test_quarter_hourly_keeps_fifteen_real_minutes_through_berlins_repeated_hour() -> None:
     got = fires("*/15 * * * *", iso("2026-10-25T02:30:00+02:00"), 6, "Europe/Berlin")
     assert got == [
-        iso("2026-10-25T02:45:00+02:00"), iso("2026-10-25T02:00:00+01:00"), iso("2026-10-25T02:15:00+01:00"),
-        iso("2026-10-25T02:30:00+01:00"), iso("2026-10-25T02:45:00+01:00"), iso("2026-10-25T03:00:00+01:00"),
+        iso("2026-10-25T02:45:00+02:00"),
+        iso("2026-10-25T02:00:00+01:00"),
+        iso("2026-10-25T02:15:00+01:00"),
+        iso("2026-10-25T02:30:00+01:00"),
+        iso("2026-10-25T02:45:00+01:00"),
+        iso("2026-10-25T03:00:00+01:00"),
     ]
     assert all(b - a == timedelta(minutes=15) for a, b in zip(got, got[1:], strict=False))
 
@@ -594,7 +652,8 @@ def test_quarter_hourly_keeps_fifteen_real_minutes_through_berlins_repeated_hour
 def test_interval_job_asked_from_inside_the_second_pass() -> None:
     # 01:10 EST is in New York's second 01:xx hour; the next */30 is 01:30 EST, not 01:30 EDT (already past)
     assert fires("*/30 * * * *", iso("2026-11-01T01:10:00-05:00"), 2, "America/New_York") == [
-        iso("2026-11-01T01:30:00-05:00"), iso("2026-11-01T02:00:00-05:00")
+        iso("2026-11-01T01:30:00-05:00"),
+        iso("2026-11-01T02:00:00-05:00"),
     ]
 
 
@@ -607,19 +666,26 @@ def test_fixed_job_asked_from_inside_the_second_pass_waits_for_tomorrow() -> Non
 def test_fixed_job_in_sydneys_repeated_hour_fires_once() -> None:
     # Sydney 2026-04-05: 03:00 AEDT -> 02:00 AEST, so 02:30 happens twice
     assert fires("30 2 * * *", iso("2026-04-04T12:00:00+11:00"), 2, "Australia/Sydney") == [
-        iso("2026-04-05T02:30:00+11:00"), iso("2026-04-06T02:30:00+10:00")
+        iso("2026-04-05T02:30:00+11:00"),
+        iso("2026-04-06T02:30:00+10:00"),
     ]
 
 
 def test_fixed_hour_with_many_minutes_fires_each_minute_once_at_fall_back() -> None:
     got = fires("0,30 1 * * *", iso("2026-11-01T00:00:00-04:00"), 3, "America/New_York")
-    assert got == [iso("2026-11-01T01:00:00-04:00"), iso("2026-11-01T01:30:00-04:00"), iso("2026-11-02T01:00:00-05:00")]
+    assert got == [
+        iso("2026-11-01T01:00:00-04:00"),
+        iso("2026-11-01T01:30:00-04:00"),
+        iso("2026-11-02T01:00:00-05:00"),
+    ]
 
 
 def test_half_hour_repeat_on_lord_howe_fires_interval_jobs_twice() -> None:
     # Lord Howe 2026-04-05: 02:00 +11 -> 01:30 +10:30, so 01:30-01:59 repeats
     assert fires("*/20 1 * * *", iso("2026-04-05T01:30:00+11:00"), 4, "Australia/Lord_Howe") == [
-        iso("2026-04-05T01:40:00+11:00"), iso("2026-04-05T01:40:00+10:30"), iso("2026-04-06T01:00:00+10:30"),
+        iso("2026-04-05T01:40:00+11:00"),
+        iso("2026-04-05T01:40:00+10:30"),
+        iso("2026-04-06T01:00:00+10:30"),
         iso("2026-04-06T01:20:00+10:30"),
     ]
 
@@ -636,25 +702,33 @@ def test_half_hour_repeat_on_lord_howe_fires_interval_jobs_twice() -> None:
 def test_hourly_fires_at_local_top_of_the_hour_in_non_hour_zones(zone: str, first: datetime) -> None:
     got = fires("0 * * * *", utc(2026, 5, 1, 10, 0), 2, zone)
     assert got == [first, first + timedelta(hours=1)]
-    assert all(fire.astimezone(parse_schedule("0 * * * *", zone)._rule.zone).minute == 0  # type: ignore[attr-defined]
-               for fire in got)
+    assert all(
+        fire.astimezone(parse_schedule("0 * * * *", zone)._rule.zone).minute == 0  # type: ignore[attr-defined]
+        for fire in got
+    )
 
 
 def test_lord_howe_hourly_is_ninety_minutes_apart_across_its_half_hour_fall_back() -> None:
     assert fires("0 * * * *", iso("2026-04-05T00:30:00+11:00"), 3, "Australia/Lord_Howe") == [
-        iso("2026-04-05T01:00:00+11:00"), iso("2026-04-05T02:00:00+10:30"), iso("2026-04-05T03:00:00+10:30")
+        iso("2026-04-05T01:00:00+11:00"),
+        iso("2026-04-05T02:00:00+10:30"),
+        iso("2026-04-05T03:00:00+10:30"),
     ]
 
 
 def test_utc_job_ignores_every_dst_date() -> None:
-    assert fires("30 1 * * *", utc(2026, 3, 28, 23), 3) == [utc(2026, 3, 29, 1, 30), utc(2026, 3, 30, 1, 30),
-                                                            utc(2026, 3, 31, 1, 30)]
+    assert fires("30 1 * * *", utc(2026, 3, 28, 23), 3) == [
+        utc(2026, 3, 29, 1, 30),
+        utc(2026, 3, 30, 1, 30),
+        utc(2026, 3, 31, 1, 30),
+    ]
 
 
 def test_rate_counts_real_time_across_lord_howes_half_hour_fall_back() -> None:
     schedule = parse_schedule("rate(1 hour)", "Australia/Lord_Howe", anchor=iso("2026-04-05T01:00:00+11:00"))
     assert schedule.preview(iso("2026-04-05T01:00:00+11:00"), 2) == [
-        iso("2026-04-05T01:30:00+10:30"), iso("2026-04-05T02:30:00+10:30")
+        iso("2026-04-05T01:30:00+10:30"),
+        iso("2026-04-05T02:30:00+10:30"),
     ]
 
 
@@ -741,3 +815,19 @@ def test_at_describe() -> None:
     assert parse_schedule("at(2026-12-01T10:00:00)", "Europe/Berlin").describe() == (
         "Once, at 2026-12-01 10:00:00 (Europe/Berlin)"
     )
+
+
+def test_a_day_long_jump_is_a_clock_correction_and_fixed_jobs_in_it_are_skipped() -> None:
+    # Samoa skipped 30 December 2011 (23:59:59 -10:00 on the 29th -> 00:00 +14:00 on the 31st)
+    assert fires("0 12 * * *", iso("2011-12-29T00:00:00-10:00"), 2, "Pacific/Apia") == [
+        iso("2011-12-29T12:00:00-10:00"),
+        iso("2011-12-31T12:00:00+14:00"),
+    ]
+
+
+def test_a_two_hour_gap_is_still_made_up_for() -> None:
+    # Antarctica/Troll jumps from +00 to +02 at 01:00 UTC on the last Sunday of March (2026-03-29)
+    assert fires("30 1 * * *", iso("2026-03-28T12:00:00+00:00"), 2, "Antarctica/Troll") == [
+        iso("2026-03-29T03:00:00+02:00"),
+        iso("2026-03-30T01:30:00+02:00"),
+    ]

@@ -10,9 +10,18 @@ Three kinds of expression are accepted (keywords are case-insensitive):
   also ``second(s)`` (a Duetime extension, handy for tests); ``N >= 1``. A rate counts **real elapsed
   time** from an anchor: it fires at ``anchor + k * period`` for every integer ``k >= 0``, never by
   wall-clock arithmetic, so DST changes neither stretch nor shrink it.
-* cron: the 5-field Vixie/Debian form of crontab(5) (``min hour dom month dow``, plus the macros
-  ``@hourly @daily @midnight @weekly @monthly @yearly @annually``) and EventBridge's
-  ``cron(min hour dom month dow year)``. See :func:`parse_schedule` for the field grammar.
+* cron: the 5-field Vixie/Debian form of crontab(5) (``min hour dom month dow``, dow 0-7 with 0 and 7
+  = Sunday, plus the macros ``@hourly @daily @midnight @weekly @monthly @yearly @annually``) and
+  EventBridge Scheduler's ``cron(min hour dom month dow year)`` (dow 1-7 = SUN-SAT, year 1970-2199,
+  exactly one of the two day fields ``?``). Each field is a list ``a,b,c`` of items: ``*``, a value, a
+  range ``a-b``, each optionally stepped (``*/15``, ``5-55/10``, ``5/15`` = 5 to the maximum by 15).
+  Values are numbers or names (``jan``-``dec``, ``sun``-``sat``). The day fields also take ``?`` (any);
+  day of month takes ``L`` (last day), ``L-n`` (n days before it), ``nW`` (the weekday nearest day n,
+  never leaving the month), ``LW`` (last weekday); day of week takes ``n#k`` (k-th weekday n, k 1-5),
+  ``nL`` (last weekday n of the month), ``L`` alone (Saturday) and wrapping ranges (``fri-mon``).
+  Day of month and day of week follow the Vixie rule (crontab(5)): when either field starts with ``*``
+  (or is ``?``) a day must match both; otherwise a day matching either fires (``0 0 1-7 * 1`` = the
+  first seven days and every Monday). Expressions no date satisfies are rejected at parse.
 
 All instants returned are timezone-aware UTC ``datetime`` objects. Cron fields are matched against the
 wall clock of the schedule's IANA time zone; the DST rule is described on :data:`DstPolicy`.
@@ -46,8 +55,10 @@ starts with ``*``) whose local time falls in the spring-forward gap runs once, a
 the gap; one whose local time occurs twice at fall-back runs once, at the first occurrence. An
 *interval* job (minute or hour field starts with ``*``, and ``@hourly``) fires at every real instant
 whose wall-clock time matches: wall times inside a gap never occur, wall times in a repeated hour occur
-(and fire) twice. Duetime applies the rule whatever the size of the jump (Debian treats jumps of 3 hours
-or more as clock corrections).
+(and fire) twice. As in Debian, a jump forward of 3 hours or more (Samoa skipping 30 December 2011) is a
+clock correction, not daylight saving: fixed-time jobs whose time it swallows are skipped, which keeps
+"at most once per local date". A repeated wall time always fires once for a fixed-time job, however long
+the repeat (Debian would re-run after a fall-back of 3 hours or more; Duetime keeps "never twice").
 
 ``"skip"`` is EventBridge Scheduler's gap behaviour: a fire time that falls inside a spring-forward gap
 is skipped, for every job. Repeated (fall-back) times are handled as under ``"shift"``. ``at(...)`` and
@@ -61,6 +72,8 @@ _MICROSECOND = timedelta(microseconds=1)
 _SECOND = timedelta(seconds=1)
 # Widest fall-back we look for around an instant (real ones are 30 min to 3 h).
 _FALLBACK_PROBE = timedelta(hours=6)
+# Debian cron(8): a forward jump this long is a clock correction, not a DST gap to make up for.
+_CLOCK_CORRECTION = timedelta(hours=3)
 # A cron search gives up after this many years (every calendar pattern recurs well within it:
 # the rarest, e.g. "the fifth Monday of February", recurs within 40 years).
 _SEARCH_YEARS = 50
@@ -82,8 +95,9 @@ def _known_zones() -> frozenset[str]:
 def _zone(name: str) -> ZoneInfo:
     """The ``ZoneInfo`` for an IANA name, or ``ScheduleError(field="schedule.timezone")``."""
     if not isinstance(name, str) or not name.strip():
-        raise ScheduleError("time zone is empty: give an IANA name such as 'Europe/Berlin' or 'UTC'",
-                            "schedule.timezone")
+        raise ScheduleError(
+            "time zone is empty: give an IANA name such as 'Europe/Berlin' or 'UTC'", "schedule.timezone"
+        )
     if name not in _known_zones():
         raise ScheduleError(
             f"unknown time zone {name!r}: give an IANA name such as 'Europe/Berlin' or 'UTC'",
@@ -279,8 +293,19 @@ _MONTH_NAMES = {
 }
 _DOW_NAMES = {name: number for number, name in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))}
 _MONTH_TITLES = (
-    "", "January", "February", "March", "April", "May", "June",
-    "July", "August", "September", "October", "November", "December",
+    "",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 )
 _MACROS = {
     "@yearly": "0 0 1 1 *",
@@ -613,7 +638,8 @@ class _CronRule(_Rule):
         """The earliest "primary" fire for wall-clock minutes >= ``start``.
 
         A wall time that exists maps to its (first) instant; one inside a spring-forward gap maps to
-        the end of the gap for fixed-time jobs under "shift" and is dropped otherwise.
+        the end of the gap for fixed-time jobs under "shift" (gaps under 3 hours) and is dropped
+        otherwise.
         """
         candidate: datetime | None = start
         while candidate is not None:
@@ -621,8 +647,12 @@ class _CronRule(_Rule):
             if candidate is None:
                 return None
             instant, exists = _resolve_local(self.zone, candidate)
-            if exists or (self.fixed and self.dst_policy == "shift"):
+            if exists:
                 return instant
+            if self.fixed and self.dst_policy == "shift":
+                jump = _offset(self.zone, instant) - _offset(self.zone, instant - _SECOND)
+                if jump < _CLOCK_CORRECTION:
+                    return instant
             candidate = _ceil_minute(instant.astimezone(self.zone).replace(tzinfo=None))
         return None  # pragma: no cover
 
@@ -708,15 +738,18 @@ def _split_cron(text: str) -> tuple[tuple[str, ...], bool]:
     lowered = text.lower()
     if lowered.startswith("@"):
         if lowered == "@reboot":
-            raise ScheduleError("`@reboot` runs when a machine boots and has no fire times; Duetime cannot "
-                                "schedule it")
+            raise ScheduleError(
+                "`@reboot` runs when a machine boots and has no fire times; Duetime cannot schedule it"
+            )
         if lowered not in _MACROS:
             raise ScheduleError(f"unknown cron macro `{text}`: use one of {', '.join(sorted(_MACROS))}")
         return tuple(_MACROS[lowered].split()), False
     if lowered.startswith("cron"):
         m = re.match(r"^cron\s*\((.*)\)$", lowered, re.DOTALL)
         if m is None:
-            raise ScheduleError(f"`{text}` is not a valid cron() expression: write cron(min hour dom month dow year)")
+            raise ScheduleError(
+                f"`{text}` is not a valid cron() expression: write cron(min hour dom month dow year)"
+            )
         fields = tuple(m.group(1).split())
         if len(fields) != 6:
             raise ScheduleError(
@@ -839,7 +872,9 @@ def _never_message(rule: _CronRule, text: str, dom_t: str, dow_t: str) -> str:
     month_names = [_MONTH_TITLES[m] for m in rule.months]
     where = f"in {_join(month_names)}" if len(rule.months) < 12 else "in any month"
     if rule.years is not None:
-        where += f" of {_join([str(y) for y in rule.years])}" if len(rule.years) <= 5 else " of the given years"
+        where += (
+            f" of {_join([str(y) for y in rule.years])}" if len(rule.years) <= 5 else " of the given years"
+        )
     dr = rule.day_rule
     plain_dom_only = not (dr.dom_last or dr.dom_nearest or dr.dom_last_weekday) and dr.dow_star
     if plain_dom_only and dr.dom:
@@ -1013,7 +1048,7 @@ def parse_schedule(
 
     Args:
         expression: ``at(...)``, ``rate(...)``, a 5-field cron line or macro, or ``cron(...)``
-            (EventBridge, 6 fields). See the module docstring and :func:`_parse_cron` for the grammar.
+            (EventBridge, 6 fields); the grammar is in the module docstring.
         timezone: IANA zone name the wall-clock fields are read in (default ``"UTC"``).
         anchor: the instant a ``rate`` counts from; defaults to ``start_at``. Ignored for other kinds.
         dst_policy: ``"shift"`` (Debian/ISC, default) or ``"skip"`` (EventBridge); see :data:`DstPolicy`.
@@ -1037,7 +1072,9 @@ def parse_schedule(
         raise ScheduleError("schedule expression is empty")
     zone = _zone(timezone)
     if dst_policy not in ("shift", "skip"):
-        raise ScheduleError(f"dst_policy must be 'shift' or 'skip', got {dst_policy!r}", "schedule.dst_policy")
+        raise ScheduleError(
+            f"dst_policy must be 'shift' or 'skip', got {dst_policy!r}", "schedule.dst_policy"
+        )
     start = _aware(start_at, "start_at", "schedule.start_at")
     end = _aware(end_at, "end_at", "schedule.end_at")
     anchor_utc = _aware(anchor, "anchor", "schedule.anchor")
@@ -1069,7 +1106,7 @@ def parse_schedule(
                 where = f"at or after start_at {start.isoformat()}"
             else:
                 where = f"at or before end_at {end.isoformat() if end else ''}"
-            raise ScheduleError(f"`{text}` never fires {where}", "schedule.end_at" if end else "schedule.start_at")
+            raise ScheduleError(
+                f"`{text}` never fires {where}", "schedule.end_at" if end else "schedule.start_at"
+            )
     return schedule
-
-

@@ -1,0 +1,334 @@
+"""Import crontab files (Vixie/Debian crontab(5)) as Duetime job specs.
+
+Pure: it parses the text it is given and never touches the file system, the clock or the network.
+
+What a crontab line means (crontab(5), Vixie cron 4.1 as shipped by Debian, and cronie for ``CRON_TZ``):
+
+* Blank lines and lines whose first non-blank character is ``#`` are ignored (there are no trailing
+  comments: a ``#`` later in a line belongs to the command).
+* ``NAME = VALUE`` sets an environment variable for the entries that **follow** it (spaces around ``=``
+  are optional; a value wrapped in matching single or double quotes is unquoted, which keeps blanks).
+  ``SHELL`` picks the shell that runs commands (default ``/bin/sh``); ``CRON_TZ`` (cronie) and ``TZ``
+  set the time zone the following entries' schedules are read in.
+* An entry is 5 time fields (or one ``@`` macro), then -- in the system format of ``/etc/crontab`` and
+  ``/etc/cron.d`` -- a user name, then the command: the rest of the line. The first unescaped ``%`` ends
+  the command; the text after it is the command's standard input, with each later unescaped ``%``
+  turned into a newline; ``\\%`` is a literal ``%`` in both parts (Vixie ``do_command.c``). Like cron we
+  end non-empty standard input with a newline.
+* ``@reboot`` entries cannot be imported (Duetime has no boot event); they are reported as skipped, as
+  are malformed lines, each with its reason.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from duetime.errors import ScheduleError
+from duetime.schedules import parse_schedule
+
+__all__ = ["CrontabEntry", "CrontabImport", "SkippedLine", "parse_crontab"]
+
+DEFAULT_SHELL = "/bin/sh"
+
+_ENV_RE = re.compile(
+    r"""^\s*(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)'|(?P<name>[^\s="']+))\s*=\s*(?P<value>.*?)\s*$"""
+)
+_NAME_OK = re.compile(r"[^a-z0-9]+")
+# Words that say how a command runs rather than what it is; skipped when suggesting a job name.
+_NOISE_WORDS = frozenset(
+    {
+        "[",
+        "[[",
+        "]",
+        "]]",
+        "!",
+        "test",
+        "if",
+        "then",
+        "else",
+        "elif",
+        "fi",
+        "do",
+        "done",
+        "for",
+        "while",
+        "command",
+        "exec",
+        "nice",
+        "ionice",
+        "nohup",
+        "sudo",
+        "env",
+        "cd",
+        "time",
+        "timeout",
+        "flock",
+        "sh",
+        "bash",
+        "/bin/sh",
+        "/bin/bash",
+        "run-parts",
+        "true",
+        "false",
+        "&&",
+        "||",
+        ";",
+        "|",
+    }
+)
+
+
+@dataclass(frozen=True)
+class CrontabEntry:
+    """One importable crontab entry.
+
+    Attributes:
+        line: 1-based line number in the text.
+        schedule: the schedule expression as Duetime accepts it (5 fields joined by single spaces, or the
+            ``@`` macro as written).
+        timezone: IANA zone the schedule is read in (the last ``CRON_TZ``/``TZ`` line above the entry,
+            else the import's default).
+        user: the system format's user column, ``None`` for a user crontab.
+        command: the shell command (the text before the first unescaped ``%``, ``\\%`` unescaped).
+        argv: ``[SHELL, "-c", command]`` -- how cron runs it (``SHELL`` from the crontab, default
+            ``/bin/sh``).
+        env: the environment lines in effect for this entry (``SHELL``, ``PATH``, ``MAILTO``, ``CRON_TZ``
+            and any other ``NAME=VALUE``), values unquoted. A fresh dict per entry.
+        stdin: standard input built from the text after the first ``%``, or ``None`` if there was none.
+        name: a suggested job name: lower-case ``[a-z0-9-]``, unique within the import.
+    """
+
+    line: int
+    schedule: str
+    timezone: str
+    user: str | None
+    command: str
+    argv: list[str]
+    env: dict[str, str]
+    stdin: str | None
+    name: str
+
+
+@dataclass(frozen=True)
+class SkippedLine:
+    """A line that is neither blank, a comment, an environment setting nor an importable entry."""
+
+    line: int
+    text: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CrontabImport:
+    """The result of :func:`parse_crontab`: importable entries and skipped lines, in file order."""
+
+    entries: list[CrontabEntry] = field(default_factory=list)
+    skipped: list[SkippedLine] = field(default_factory=list)
+
+
+def split_percent(text: str) -> tuple[str, str | None]:
+    """Split a crontab command at its first unescaped ``%`` the way Vixie cron does.
+
+    Returns ``(command, stdin)``: ``\\%`` becomes ``%`` in both parts, later unescaped ``%`` become
+    newlines in ``stdin``, other backslashes are kept; non-empty ``stdin`` ends with a newline.
+    ``stdin`` is ``None`` when the text has no unescaped ``%``.
+    """
+    # Vixie do_command.c: a backslash escapes the next character; only "\\%" collapses (to "%").
+    command: list[str] = []
+    escaped = False
+    i = 0
+    for i, ch in enumerate(text):  # noqa: B007 - i is used after the loop
+        if escaped:
+            escaped = False
+            if ch == "%":
+                command[-1] = "%"
+            else:
+                command.append(ch)
+            continue
+        if ch == "%":
+            break
+        escaped = ch == "\\"
+        command.append(ch)
+    else:
+        return "".join(command), None
+    rest = text[i + 1 :]
+    data: list[str] = []
+    j = 0
+    while j < len(rest):
+        ch = rest[j]
+        if ch == "\\" and j + 1 < len(rest) and rest[j + 1] == "%":
+            data.append("%")
+            j += 2
+            continue
+        data.append("\n" if ch == "%" else ch)
+        j += 1
+    stdin = "".join(data)
+    if stdin and not stdin.endswith("\n"):
+        stdin += "\n"
+    return "".join(command), stdin
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return value[1:-1]
+    return value
+
+
+def _env_setting(line: str) -> tuple[str, str] | None:
+    """``(name, value)`` if the line is an environment setting (Vixie ``load_env``), else ``None``."""
+    m = _ENV_RE.match(line)
+    if m is None:
+        return None
+    name = m.group("dq") if m.group("dq") is not None else m.group("sq")
+    if name is None:
+        name = m.group("name")
+    if not name:
+        return None
+    return name, _unquote(m.group("value"))
+
+
+def _take_fields(text: str, count: int) -> tuple[list[str], str] | None:
+    """Split off ``count`` blank-separated words; return them and the rest (leading blanks removed)."""
+    words: list[str] = []
+    rest = text.lstrip(" \t")
+    for _ in range(count):
+        m = re.match(r"(\S+)[ \t]*", rest)
+        if m is None:
+            return None
+        words.append(m.group(1))
+        rest = rest[m.end() :]
+    return words, rest
+
+
+def _suggest_name(command: str, prefix: str | None) -> str:
+    try:
+        words = shlex.split(command, comments=False, posix=True)
+    except ValueError:
+        words = command.split()
+    chosen = ""
+    for word in words:
+        bare = word.rstrip(";")
+        if (
+            not bare
+            or bare in _NOISE_WORDS
+            or bare.startswith(("-", "$", ">", "<", "2>", "&", "("))
+            or "=" in bare
+            or bare.isdigit()
+        ):
+            continue
+        chosen = bare.rsplit("/", 1)[-1]
+        if chosen:
+            break
+    slug = _NAME_OK.sub("-", chosen.lower()).strip("-")
+    if prefix:
+        prefix_slug = _NAME_OK.sub("-", prefix.lower()).strip("-")
+        slug = prefix_slug if not slug or slug == prefix_slug else f"{prefix_slug}-{slug}"
+    return slug[:56].strip("-")
+
+
+def parse_crontab(
+    text: str,
+    *,
+    system: bool = False,
+    default_timezone: str = "UTC",
+    name_prefix: str | None = None,
+) -> CrontabImport:
+    """Parse a crontab's text into importable entries and skipped lines.
+
+    Args:
+        text: the whole crontab file.
+        system: ``True`` for the system format (``/etc/crontab``, ``/etc/cron.d/*``), whose 6th column is
+            the user to run as; ``False`` for a user crontab (``crontab -e``).
+        default_timezone: IANA zone for entries before any ``CRON_TZ``/``TZ`` line.
+        name_prefix: optional prefix for suggested job names, e.g. the file name (``"certbot"``).
+
+    Returns:
+        A :class:`CrontabImport`. Every schedule in ``entries`` has been validated with
+        :func:`duetime.schedules.parse_schedule` in its zone.
+
+    Raises:
+        ScheduleError: ``default_timezone`` is not an IANA zone (``field="schedule.timezone"``).
+    """
+    parse_schedule("@daily", default_timezone)  # validates the default zone up front
+    env: dict[str, str] = {}
+    timezone = default_timezone
+    timezone_error: str | None = None
+    entries: list[CrontabEntry] = []
+    skipped: list[SkippedLine] = []
+    used_names: dict[str, int] = {}
+
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.rstrip("\r\n")
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        setting = _env_setting(line)
+        if setting is not None:
+            name, value = setting
+            env[name] = value
+            if name in ("CRON_TZ", "TZ"):
+                try:
+                    parse_schedule("@daily", value or "UTC")
+                    timezone, timezone_error = value or "UTC", None
+                except ScheduleError as exc:
+                    timezone_error = f"{name}={value!r}: {exc.message}"
+            continue
+
+        def skip(reason: str, number: int = number, stripped: str = stripped) -> None:
+            skipped.append(SkippedLine(number, stripped, reason))
+
+        body = line.lstrip(" \t")
+        split = _take_fields(body, 1) if body.startswith("@") else _take_fields(body, 5)
+        if split is None:
+            skip(
+                "not an environment setting and too few fields for a cron entry "
+                "(need 5 time fields or an @macro, " + ("a user, " if system else "") + "then a command)"
+            )
+            continue
+        time_fields, rest = split
+        if time_fields[0].lower() == "@reboot":
+            skip("@reboot runs once when cron starts; Duetime has no boot event, so it cannot run as-is")
+            continue
+        schedule_text = " ".join(time_fields)
+        if timezone_error is not None:
+            skip(f"its time zone is invalid: {timezone_error}")
+            continue
+        try:
+            parse_schedule(schedule_text, timezone)
+        except ScheduleError as exc:
+            skip(exc.message)
+            continue
+        user: str | None = None
+        if system:
+            user_split = _take_fields(rest, 1)
+            if user_split is None:
+                skip("no user column and no command (system crontabs need: schedule, user, command)")
+                continue
+            user, rest = user_split[0][0], user_split[1]
+        if not rest.strip():
+            skip("no command")
+            continue
+        command, stdin = split_percent(rest)
+        shell = env.get("SHELL") or DEFAULT_SHELL
+        name = _suggest_name(command, name_prefix) or (f"{name_prefix}-line-{number}" if name_prefix else "")
+        name = name or f"cron-line-{number}"
+        seen = used_names.get(name, 0)
+        used_names[name] = seen + 1
+        if seen:
+            name = f"{name}-{seen + 1}"
+        entries.append(
+            CrontabEntry(
+                line=number,
+                schedule=schedule_text,
+                timezone=timezone,
+                user=user,
+                command=command,
+                argv=[shell, "-c", command],
+                env=dict(env),
+                stdin=stdin,
+                name=name,
+            )
+        )
+    return CrontabImport(entries=entries, skipped=skipped)

@@ -6,6 +6,7 @@ stack points every process at its moto server.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -26,7 +27,12 @@ def client(service: str) -> Any:
         return found
     with _lock:
         if service not in _clients:
-            _clients[service] = boto3.session.Session().client(service, config=_CONFIG)
+            made = boto3.session.Session().client(service, config=_CONFIG)
+            if os.environ.get("DUETIME_CALL_COUNT_DIR"):  # bench/: count every call (duetime.callcount)
+                from duetime import callcount
+
+                callcount.register(made, os.environ["DUETIME_CALL_COUNT_DIR"])
+            _clients[service] = made
         return _clients[service]
 
 

@@ -8,20 +8,22 @@ advances) or by the sweeper (a PENDING run past due + grace is re-sent).
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
 
 from duetime.deps import Deps
 from duetime.errors import AlreadyClaimedError, StaleClaimError
-from duetime.models import Job, Run, RunMessage, RunState, Trigger
+from duetime.models import Job, Run, RunState, Trigger
 from duetime.observability import logger
 from duetime.queue import delay_seconds
+from duetime.runs import message_for
 from duetime.schedules import Schedule, parse_schedule
 from duetime.timeutil import truncate_ms
 
-#: Upper bound on missed slots counted when catching up (counting walks the schedule).
-MAX_COUNTED_MISSED_SLOTS = 1000
+#: Upper bound on missed slots walked one by one when catching up; past it, only the latest is considered.
+MAX_WALKED_SLOTS = 10_000
 
 
 @lru_cache(maxsize=4096)
@@ -50,17 +52,36 @@ def next_fire_after(job: Job, instant: datetime) -> datetime | None:
 
 @dataclass(frozen=True)
 class ClaimResult:
-    """What one claim did. ``created`` is False when the run already existed (an earlier claim)."""
+    """What one claim did.
 
-    run: Run
-    created: bool
+    ``runs`` are the runs claimed (usually one; several when catch-up ``all`` backfills); ``created`` counts
+    those this claim inserted (0 when an earlier claim already had); ``missed`` the slots skipped.
+    """
+
+    runs: list[Run]
+    created: int
     advanced: bool
     next_fire_at: datetime | None
+    missed: int = 0
+
+    @property
+    def run(self) -> Run | None:
+        """The latest run claimed, if any."""
+        return self.runs[-1] if self.runs else None
 
 
 def new_run(job: Job, due_at: datetime, deps: Deps, *, trigger: Trigger, missed_slots: int = 0) -> Run:
     """A fresh PENDING run of ``job`` at ``due_at``, watched from ``due_at + pending_grace``."""
     now = deps.clock.now()
+    grace = timedelta(seconds=deps.settings.pending_grace_seconds)
+    deadline = (
+        due_at + timedelta(seconds=job.starting_deadline_seconds)
+        if job.starting_deadline_seconds is not None
+        else None
+    )
+    watch_at = max(due_at, now) + grace
+    if deadline is not None:
+        watch_at = min(watch_at, max(deadline, now))
     return Run(
         job_id=job.job_id,
         due_at=due_at,
@@ -74,83 +95,131 @@ def new_run(job: Job, due_at: datetime, deps: Deps, *, trigger: Trigger, missed_
         task=job.task,
         timeout_seconds=job.timeout_seconds,
         retry=job.retry,
-        watch_at=max(due_at, now) + timedelta(seconds=deps.settings.pending_grace_seconds),
+        overlap=job.overlap,
+        start_deadline_at=deadline,
+        watch_at=watch_at,
         missed_slots=missed_slots,
         created_at=now,
     )
 
 
-def claim(job: Job, deps: Deps, *, trigger: Trigger = Trigger.SCHEDULE) -> ClaimResult:
-    """Claim the job's current ``next_fire_at`` slot through the three steps.
+def plan_slots(job: Job, now: datetime, tick_period_seconds: float) -> tuple[list[datetime], int]:
+    """Which slots to claim now for ``job``, oldest first, and how many missed slots to skip.
 
-    Catch-up (default policy ``latest``): if the stored slot is more than one tick period in the past (the
-    stack was down), the most recent slot at or before now is claimed instead and the skipped slots are
-    counted on the run (``missed_slots``); the job then continues from its next future slot.
-
-    Args:
-        job: the job as read from the due index; ``job.next_fire_at`` must be set.
-        deps: store, queues, settings and clock.
-        trigger: recorded on the run.
+    A slot is *missed* when it is more than one tick period (or the job's ``starting_deadline_seconds``)
+    in the past: nothing ticked while it was due. Then the job's catch-up policy decides: ``latest`` keeps
+    the most recent missed slot, ``all`` keeps up to ``max_runs`` of the most recent, ``none`` keeps none.
+    Slots past the starting deadline are always skipped. Pure: no I/O.
 
     Returns:
-        ClaimResult with the run (as created, or as built if it already existed) and the new next fire.
+        (slots, missed): ``slots`` may be empty (everything skipped); ``missed`` counts skipped slots
+        (bounded by walking at most MAX_WALKED_SLOTS slots).
+    """
+    claimed = job.next_fire_at
+    assert claimed is not None
+    late_by = (now - claimed).total_seconds()
+    tolerance = tick_period_seconds
+    if job.starting_deadline_seconds is not None:
+        tolerance = min(tolerance, float(job.starting_deadline_seconds))
+    if late_by <= tolerance:
+        return [claimed], 0
+    schedule = schedule_of(job)
+    if schedule is None:  # a run-now job whose claim was delayed: run it, unless past its deadline
+        return ([], 1) if _past_deadline(job, claimed, now) else ([claimed], 0)
+    due: list[datetime] = []
+    cursor: datetime | None = claimed
+    walked = 0
+    while cursor is not None and cursor <= now and walked < MAX_WALKED_SLOTS:
+        due.append(truncate_ms(cursor))
+        walked += 1
+        cursor = schedule.next_after(cursor)
+    if cursor is not None and cursor <= now:  # more than we walk: jump to the latest slot
+        latest = schedule.latest_at_or_before(now)
+        if latest is not None:
+            due = [truncate_ms(latest)]
+    policy = job.catch_up
+    runnable = [d for d in due if not _past_deadline(job, d, now)]
+    if policy.policy == "none":
+        keep: list[datetime] = []
+    elif policy.policy == "all":
+        keep = runnable[-policy.max_runs :]
+    else:
+        keep = runnable[-1:]
+    missed = max(walked, len(due)) - len(keep)
+    return keep, missed
+
+
+def _past_deadline(job: Job, due_at: datetime, now: datetime) -> bool:
+    return job.starting_deadline_seconds is not None and (now - due_at).total_seconds() > (
+        job.starting_deadline_seconds
+    )
+
+
+def claim(job: Job, deps: Deps, *, trigger: Trigger = Trigger.SCHEDULE) -> ClaimResult:
+    """Claim the job's due slot(s) through the three steps of DESIGN.md section 4.
+
+    Normally that is the one slot in ``next_fire_at``. After an outage the catch-up policy picks the slots
+    (:func:`plan_slots`); catch-up runs other than the latest are recorded with trigger ``backfill``, and the
+    latest with how many slots were skipped (``missed_slots``).
+
+    Steps, each idempotent: (1) conditional PutItem of each run; (2) one conditional UpdateItem moving the
+    job's ``next_fire_at`` from the claimed value to the first slot after the last one handled (removed, with
+    the job COMPLETED, when there is none); (3) SendMessage per run with ``DelaySeconds = ceil(due - now)``,
+    also re-sent for runs an earlier, crashed claim inserted (duplicates fail the conditional start).
 
     Raises:
         ValueError: if the job has no ``next_fire_at``.
-        botocore ClientError: on AWS faults other than the expected condition failures (the caller retries
-            on its next tick; each step is idempotent).
+        botocore ClientError: on AWS faults other than the expected condition failures (the next tick
+            retries; each step is idempotent).
     """
     if job.next_fire_at is None:
         raise ValueError(f"job {job.job_id} has no next_fire_at to claim")
     now = deps.clock.now()
     claimed = job.next_fire_at
-    due_at, missed = claimed, 0
-    if (now - claimed).total_seconds() > deps.settings.tick_period_seconds:
-        due_at, missed = _catch_up_latest(job, claimed, now)
+    slots, missed = plan_slots(job, now, deps.settings.tick_period_seconds)
 
-    run = new_run(job, due_at, deps, trigger=trigger, missed_slots=missed)
-    created = True
-    try:
-        deps.store.put_new_run(run)  # step 1
-    except AlreadyClaimedError:
-        created = False
+    runs: list[Run] = []
+    created_flags: list[bool] = []
+    for i, due_at in enumerate(slots):
+        latest = i == len(slots) - 1
+        run = new_run(
+            job,
+            due_at,
+            deps,
+            trigger=trigger if latest or len(slots) == 1 else Trigger.BACKFILL,
+            missed_slots=missed if latest else 0,
+        )
+        try:
+            deps.store.put_new_run(run)  # step 1
+            created_flags.append(True)
+        except AlreadyClaimedError:
+            created_flags.append(False)
+        runs.append(run)
 
-    next_fire_at = next_fire_after(job, due_at)
+    last_handled = slots[-1] if slots else max(claimed, now)
+    next_fire_at = next_fire_after(job, last_handled)
     advanced = True
     try:
-        deps.store.advance_job(job.job_id, claimed=claimed, next_fire_at=next_fire_at, now=now)  # step 2
+        deps.store.advance_job(
+            job.job_id, claimed=claimed, next_fire_at=next_fire_at, now=now, missed=missed
+        )  # step 2
     except StaleClaimError:
         advanced = False
 
-    if created or advanced:
-        # step 3; re-sent too when an earlier claim crashed before it (duplicates fail the conditional start)
-        deps.queues.send(
-            job.task.tier,
-            RunMessage(job_id=job.job_id, due_at=due_at, attempt=1),
-            delay=delay_seconds(due_at, now),
+    for run, created in zip(runs, created_flags, strict=True):
+        if created or advanced:  # step 3
+            deps.queues.send(
+                job.task.tier,
+                message_for(run),
+                delay=delay_seconds(run.due_at, now),
+            )
+    if missed:
+        logger.info(
+            "missed slots skipped", extra={"job_id": job.job_id, "missed": missed, "claimed": len(runs)}
         )
-    logger.debug(
-        "run claimed",
-        extra={"run_id": run.run_id, "created": created, "advanced": advanced, "missed_slots": missed},
+    return ClaimResult(
+        runs=runs, created=sum(created_flags), advanced=advanced, next_fire_at=next_fire_at, missed=missed
     )
-    return ClaimResult(run=run, created=created, advanced=advanced, next_fire_at=next_fire_at)
-
-
-def _catch_up_latest(job: Job, claimed: datetime, now: datetime) -> tuple[datetime, int]:
-    """The most recent slot <= now and how many slots between ``claimed`` and it were skipped."""
-    schedule = schedule_of(job)
-    if schedule is None:
-        return claimed, 0
-    latest = schedule.latest_at_or_before(now)
-    if latest is None or latest <= claimed:
-        return claimed, 0
-    latest = truncate_ms(latest)
-    missed = 0
-    cursor: datetime | None = claimed
-    while cursor is not None and cursor < latest and missed < MAX_COUNTED_MISSED_SLOTS:
-        missed += 1
-        cursor = schedule.next_after(cursor)
-    return latest, missed
 
 
 @dataclass
@@ -162,29 +231,65 @@ class TickResult:
     already_claimed: int = 0
     not_advanced: int = 0
     errors: int = 0
+    missed: int = 0
+    busy: bool = False
     run_ids: list[str] = field(default_factory=list)
 
 
-def tick(shard: int, deps: Deps) -> TickResult:
+#: Most slots of one job claimed in one pass (a rate(1 second) job claims ~75 per 60 s tick).
+MAX_SLOTS_PER_PASS = 1000
+
+
+def claim_until(
+    job: Job, deps: Deps, until: datetime, *, trigger: Trigger = Trigger.SCHEDULE
+) -> list[ClaimResult]:
+    """Claim every slot of ``job`` due at or before ``until`` (the lookahead), one :func:`claim` per slot.
+
+    Stops when the next fire lies beyond ``until``, when the job is finished, or when another claimer moved
+    the job on (its claim then covers the rest). Used by the tick and by the API for a fresh submit.
+    """
+    results: list[ClaimResult] = []
+    current: Job | None = job
+    while current is not None and current.next_fire_at is not None and current.next_fire_at <= until:
+        outcome = claim(current, deps, trigger=trigger)
+        results.append(outcome)
+        if not outcome.advanced or len(results) >= MAX_SLOTS_PER_PASS:
+            break
+        current = current.model_copy(update={"next_fire_at": outcome.next_fire_at})
+    return results
+
+
+def tick(shard: int, deps: Deps, *, owner: str | None = None) -> TickResult:
     """Claim every run of ``shard`` due within the lookahead (now + tick period + margin).
 
-    One failing job never stops the others: its error is logged and counted and the next tick retries it.
+    The tick first takes the shard's lease (one tick per shard at a time; a dead tick's lease lapses after
+    one tick period); if another tick holds it, this one does nothing (``result.busy``). Correctness never
+    depends on the lease: every claim is conditional. One failing job never stops the others: its error is
+    logged and counted, and the next tick retries it.
     """
     now = deps.clock.now()
     until = now + timedelta(seconds=deps.settings.tick_lookahead_seconds)
     result = TickResult(shard=shard)
-    for job in deps.store.query_due(shard, until):
-        try:
-            outcome = claim(job, deps)
-        except Exception:  # noqa: BLE001 - isolate one job's fault from the shard
-            logger.exception("claim failed", extra={"job_id": job.job_id, "shard": shard})
-            result.errors += 1
-            continue
-        if outcome.created:
-            result.claimed += 1
-            result.run_ids.append(outcome.run.run_id)
-        else:
-            result.already_claimed += 1
-        if not outcome.advanced:
-            result.not_advanced += 1
+    me = owner or f"tick-{uuid.uuid4().hex[:12]}"
+    if not deps.store.acquire_shard_lease(
+        shard, owner=me, now=now, lease_seconds=deps.settings.tick_period_seconds
+    ):
+        result.busy = True
+        return result
+    try:
+        for job in deps.store.query_due(shard, until):
+            try:
+                outcomes = claim_until(job, deps, until)
+            except Exception:  # noqa: BLE001 - isolate one job's fault from the shard
+                logger.exception("claim failed", extra={"job_id": job.job_id, "shard": shard})
+                result.errors += 1
+                continue
+            for outcome in outcomes:
+                result.claimed += outcome.created
+                result.already_claimed += len(outcome.runs) - outcome.created
+                result.missed += outcome.missed
+                result.run_ids.extend(r.run_id for r in outcome.runs)
+                result.not_advanced += 0 if outcome.advanced else 1
+    finally:
+        deps.store.release_shard_lease(shard, owner=me, now=deps.clock.now())
     return result

@@ -7,7 +7,7 @@ import zlib
 from datetime import timedelta
 
 from duetime.api_models import CreateJobRequest
-from duetime.claims import claim, next_fire_after
+from duetime.claims import claim_until, next_fire_after
 from duetime.deps import Deps
 from duetime.errors import NotFoundError, ScheduleError
 from duetime.models import Job, JobState, Run, parse_run_id
@@ -71,13 +71,11 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
         )
     job = job.model_copy(update={"next_fire_at": first})
     deps.store.put_new_job(job)
-    if first <= now + timedelta(seconds=deps.settings.tick_lookahead_seconds):
-        result = claim(job, deps)
+    outcomes = claim_until(job, deps, now + timedelta(seconds=deps.settings.tick_lookahead_seconds))
+    if outcomes:
+        last = outcomes[-1].next_fire_at
         job = job.model_copy(
-            update={
-                "next_fire_at": result.next_fire_at,
-                "state": JobState.COMPLETED if result.next_fire_at is None else job.state,
-            }
+            update={"next_fire_at": last, "state": JobState.COMPLETED if last is None else job.state}
         )
     return job
 

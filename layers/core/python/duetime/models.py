@@ -122,6 +122,50 @@ class RetryPolicy(BaseModel):
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 
 
+class CatchUpPolicy(BaseModel):
+    """What to do with slots missed while nothing ticked (an outage, a pause).
+
+    ``latest`` (default): run the most recent missed slot once and count the others (``missed_slots``);
+    ``all``: run every missed slot, at most the ``max_runs`` most recent (trigger ``backfill``); ``none``:
+    skip them all and wait for the next future slot. Never a stall (Kubernetes' "too many missed start
+    times"), never a storm unless ``all`` was asked for.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy: Literal["latest", "all", "none"] = "latest"
+    max_runs: int = Field(default=100, ge=1, le=1000, description="bound on backfilled runs for `all`")
+
+
+class OverlapPolicy(BaseModel):
+    """What happens when a run is due while earlier runs of the same job are still active.
+
+    ``allow`` (default): runs overlap freely, up to ``max_concurrency`` if set (further runs wait);
+    ``skip``: the new run is recorded SKIPPED; ``buffer_one``: the new run waits for the active one, and any
+    further run while one waits is SKIPPED; ``cancel_previous``: the active runs are CANCELLED (their workers
+    are fenced off and kill their tasks) and the new one starts. ``max_concurrency`` (default 1 for every
+    policy but ``allow``) is how many runs may be active at once. Sources: Kubernetes CronJob
+    ``concurrencyPolicy``, Temporal ``ScheduleOverlapPolicy``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy: Literal["allow", "skip", "buffer_one", "cancel_previous"] = "allow"
+    max_concurrency: int | None = Field(default=None, ge=1, le=1000)
+
+    @property
+    def enforced(self) -> bool:
+        """True when starting a run must look at the job's other active runs."""
+        return self.policy != "allow" or self.max_concurrency is not None
+
+    @property
+    def limit(self) -> int:
+        """How many runs of the job may be active at once (a large number when unbounded)."""
+        if self.max_concurrency is not None:
+            return self.max_concurrency
+        return 1 if self.policy != "allow" else 1_000_000
+
+
 class Job(BaseModel):
     """A job as stored. ``next_fire_at`` is present only while the job has a future fire."""
 
@@ -134,6 +178,11 @@ class Job(BaseModel):
     task: ContainerTask
     timeout_seconds: int
     retry: RetryPolicy
+    catch_up: CatchUpPolicy = Field(default_factory=CatchUpPolicy)
+    overlap: OverlapPolicy = Field(default_factory=OverlapPolicy)
+    starting_deadline_seconds: int | None = None
+    #: slots skipped by catch-up over the job's life
+    missed_slots: int = 0
     state: JobState
     shard: int
     next_fire_at: Instant | None
@@ -187,6 +236,9 @@ class Run(BaseModel):
     task: ContainerTask
     timeout_seconds: int
     retry: RetryPolicy
+    overlap: OverlapPolicy = Field(default_factory=OverlapPolicy)
+    #: attempt 1 must start by this instant (due + starting_deadline_seconds) or the run is SKIPPED.
+    start_deadline_at: Instant | None = None
     lease_owner: str | None = None
     lease_expires_at: Instant | None = None
     started_at: Instant | None = None
@@ -201,6 +253,7 @@ class Run(BaseModel):
     #: for catch-up: how many earlier slots were skipped when this one was claimed.
     missed_slots: int = 0
     dead_lettered: bool = False
+    dead_lettered_at: Instant | None = None
     attempts: list[AttemptRecord] = Field(default_factory=list)
     events: list[RunEvent] = Field(default_factory=list)
     created_at: Instant
@@ -235,6 +288,8 @@ class RunMessage(BaseModel):
     job_id: JobId
     due_at: Instant
     attempt: int = Field(ge=1)
+    #: the run's job has an overlap policy: starting it must look at the job's other active runs
+    overlap: bool = False
 
     @property
     def run_id(self) -> str:

@@ -32,6 +32,16 @@ RUNS_SK = "due_at"
 WATCH_INDEX = "watchdog"
 WATCH_INDEX_PK = "watch_shard"
 WATCH_INDEX_SK = "watch_at"
+#: active-runs GSI: (active_job, due_at), KEYS_ONLY; sparse: only non-terminal runs of jobs with an overlap
+#: policy carry ``active_job`` (= job_id), so starting a run finds the job's other active runs in one Query.
+ACTIVE_INDEX = "active_by_job"
+ACTIVE_INDEX_PK = "active_job"
+#: dead letters GSI: (dead_letter_tenant, dead_lettered_at); sparse: only dead-lettered runs.
+DEAD_LETTER_INDEX = "dead_letters"
+DEAD_LETTER_INDEX_PK = "dead_letter_tenant"
+DEAD_LETTER_INDEX_SK = "dead_lettered_at"
+#: the shard lease items live in the jobs table under these ids (no tenant, no next_fire_at: in no index).
+SHARD_LEASE_PREFIX = "#shard-lease#"
 #: TTL attribute on runs (epoch seconds).
 RUNS_TTL_ATTRIBUTE = "expires_at"
 
@@ -119,6 +129,9 @@ def runs_table_definition(name: str) -> dict[str, Any]:
             {"AttributeName": RUNS_SK, "AttributeType": "S"},
             {"AttributeName": WATCH_INDEX_PK, "AttributeType": "N"},
             {"AttributeName": WATCH_INDEX_SK, "AttributeType": "S"},
+            {"AttributeName": ACTIVE_INDEX_PK, "AttributeType": "S"},
+            {"AttributeName": DEAD_LETTER_INDEX_PK, "AttributeType": "S"},
+            {"AttributeName": DEAD_LETTER_INDEX_SK, "AttributeType": "S"},
         ],
         "GlobalSecondaryIndexes": [
             {
@@ -126,6 +139,22 @@ def runs_table_definition(name: str) -> dict[str, Any]:
                 "KeySchema": [
                     {"AttributeName": WATCH_INDEX_PK, "KeyType": "HASH"},
                     {"AttributeName": WATCH_INDEX_SK, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            },
+            {
+                "IndexName": ACTIVE_INDEX,
+                "KeySchema": [
+                    {"AttributeName": ACTIVE_INDEX_PK, "KeyType": "HASH"},
+                    {"AttributeName": RUNS_SK, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            },
+            {
+                "IndexName": DEAD_LETTER_INDEX,
+                "KeySchema": [
+                    {"AttributeName": DEAD_LETTER_INDEX_PK, "KeyType": "HASH"},
+                    {"AttributeName": DEAD_LETTER_INDEX_SK, "KeyType": "RANGE"},
                 ],
                 "Projection": {"ProjectionType": "ALL"},
             },

@@ -9,23 +9,33 @@ Every transition is one conditional update in :class:`~duetime.store.DynamoStore
 
 from __future__ import annotations
 
+from contextlib import suppress
 from datetime import datetime, timedelta
 
 from duetime.deps import Deps
-from duetime.errors import LeaseLostError
+from duetime.errors import LeaseLostError, StartRejectedError
 from duetime.models import AttemptRecord, Run, RunMessage, RunState
-from duetime.observability import logger
+from duetime.observability import emit_metric, logger
 from duetime.queue import delay_seconds
 from duetime.resources import SQS_MAX_DELAY_SECONDS
 from duetime.retries import backoff_delay
-from duetime.store import Update, terminal_removals
+from duetime.store import ConditionFailedError, Update, terminal_removals
 
 #: outcomes a worker may report at finish
 FINISH_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.TIMED_OUT})
 
 
+class NotStartedError(StartRejectedError):
+    """The run was deliberately not started: SKIPPED (overlap, starting deadline) or left waiting."""
+
+
 def start(message: RunMessage, deps: Deps, *, owner: str) -> Run:
     """Take the lease of the run ``message`` points at: PENDING -> RUNNING, new fencing token.
+
+    For a job with an overlap policy (``message.overlap``), the job's earlier active runs are looked up
+    first (active-runs GSI) and the policy applied: the run may be SKIPPED, left waiting (PENDING; a
+    predecessor's end or the sweeper wakes it), or start after CANCELLING its predecessors. An attempt 1
+    past its starting deadline is SKIPPED.
 
     Args:
         message: the queue message (job id, due time, attempt).
@@ -35,17 +45,124 @@ def start(message: RunMessage, deps: Deps, *, owner: str) -> Run:
         The run as now stored (RUNNING, ``fencing_token`` is the caller's token).
 
     Raises:
-        StartRejectedError: the run is not PENDING at that attempt: a duplicate or stale message. Drop it.
+        StartRejectedError: the run is not PENDING at that attempt (a duplicate, stale or early message), or
+            (``NotStartedError``) the policy kept it from starting. Either way: drop the message.
     """
     now = deps.clock.now()
+    if message.overlap:
+        _apply_overlap(message, deps)
     lease_expires_at = now + timedelta(seconds=deps.settings.lease_seconds)
-    return deps.store.start_run(
-        message.job_id,
-        message.due_at,
-        attempt=message.attempt,
-        owner=owner,
-        lease_expires_at=lease_expires_at,
-        now=now,
+    try:
+        return deps.store.start_run(
+            message.job_id,
+            message.due_at,
+            attempt=message.attempt,
+            owner=owner,
+            lease_expires_at=lease_expires_at,
+            now=now,
+        )
+    except StartRejectedError:
+        run = deps.store.get_run(message.job_id, message.due_at)
+        if (
+            run is not None
+            and run.state is RunState.PENDING
+            and run.attempt == 1 == message.attempt
+            and run.start_deadline_at is not None
+            and now > run.start_deadline_at
+        ):
+            skip(run, deps, reason="starting_deadline_exceeded")
+            raise NotStartedError(f"run {run.run_id} missed its starting deadline") from None
+        raise
+
+
+def _apply_overlap(message: RunMessage, deps: Deps) -> None:
+    """Enforce the job's overlap policy before starting; raises NotStartedError when it must not start."""
+    run = deps.store.get_run(message.job_id, message.due_at)
+    if run is None or run.state not in (RunState.PENDING, RunState.RETRY_WAIT) or not run.overlap.enforced:
+        return  # the conditional start decides
+    earlier = deps.store.query_active(run.job_id, before=run.due_at)
+    if len(earlier) < run.overlap.limit:
+        return
+    policy = run.overlap.policy
+    if policy == "skip":
+        skip(run, deps, reason="overlap: an earlier run of the job is still active")
+        raise NotStartedError(f"run {run.run_id} skipped (overlap policy skip)")
+    if policy == "cancel_previous":
+        for due_at in earlier:
+            cancel(run.job_id, due_at, deps, reason=f"cancelled by overlap policy: run {run.run_id} started")
+        return
+    if policy == "buffer_one":
+        others = [deps.store.get_run(run.job_id, d) for d in earlier]
+        if any(o is not None and o.state is RunState.PENDING for o in others):
+            skip(run, deps, reason="overlap: one run is already waiting (buffer_one)")
+            raise NotStartedError(f"run {run.run_id} skipped (buffer_one: buffer full)")
+    _wait(run, deps)
+    raise NotStartedError(f"run {run.run_id} waits for {len(earlier)} earlier active run(s)")
+
+
+def _wait(run: Run, deps: Deps) -> None:
+    """Leave a run PENDING behind its active predecessors; the sweeper re-checks it after one grace period."""
+    if run.state is not RunState.PENDING:
+        return
+    upd = Update(conditions={"state": RunState.PENDING.value, "attempt": run.attempt})
+    upd.sets["watch_at"] = deps.clock.now() + timedelta(seconds=deps.settings.pending_grace_seconds)
+    with suppress(ConditionFailedError):
+        deps.store.update_run(run.job_id, run.due_at, upd)
+
+
+def skip(run: Run, deps: Deps, *, reason: str) -> Run | None:
+    """PENDING -> SKIPPED (terminal) with ``reason`` as its error; None if the run moved on meanwhile."""
+    now = deps.clock.now()
+    upd = Update(conditions={"state": RunState.PENDING.value, "attempt": run.attempt})
+    upd.sets.update(state=RunState.SKIPPED.value, finished_at=now, error=reason)
+    upd.removes.extend(terminal_removals())
+    upd.appends["events"] = [{"at": now, "kind": "skipped", "detail": {"reason": reason}}]
+    try:
+        skipped = deps.store.update_run(run.job_id, run.due_at, upd)
+    except ConditionFailedError:
+        return None
+    logger.info("run skipped", extra={"run_id": run.run_id, "reason": reason})
+    after_terminal(skipped, deps)
+    return skipped
+
+
+def cancel(job_id: str, due_at: datetime, deps: Deps, *, reason: str) -> Run | None:
+    """Any non-terminal state -> CANCELLED, fencing token bumped so a running worker's next heartbeat is
+    rejected and it kills its task. Returns None if the run was already terminal (or absent)."""
+    now = deps.clock.now()
+    upd = Update()
+    st = upd.name("state")
+    active = [RunState.PENDING, RunState.RUNNING, RunState.RETRY_WAIT]
+    upd.extra_condition = " OR ".join(
+        f"{st} = {upd.value('st' + str(i), s.value)}" for i, s in enumerate(active)
+    )
+    upd.sets.update(state=RunState.CANCELLED.value, finished_at=now, error=reason)
+    upd.adds["fencing_token"] = 1
+    upd.removes.extend(terminal_removals())
+    upd.appends["events"] = [{"at": now, "kind": "cancelled", "detail": {"reason": reason}}]
+    try:
+        cancelled = deps.store.update_run(job_id, due_at, upd)
+    except ConditionFailedError:
+        return None
+    logger.info("run cancelled", extra={"run_id": cancelled.run_id, "reason": reason})
+    after_terminal(cancelled, deps)
+    return cancelled
+
+
+def after_terminal(run: Run, deps: Deps) -> None:
+    """Once a run of an overlap-policy job ends, wake the job's next waiting run at once."""
+    if not run.state.terminal or not run.overlap.enforced:
+        return
+    for due_at in deps.store.query_active_after(run.job_id, after=run.due_at, limit=1):
+        waiting = deps.store.get_run(run.job_id, due_at)
+        if waiting is not None and waiting.state is RunState.PENDING:
+            deps.queues.send(waiting.task.tier, message_for(waiting))
+
+
+def message_for(run: Run, *, attempt: int | None = None) -> RunMessage:
+    """The wake-up message of ``run``'s current (or the given) attempt."""
+    return RunMessage(
+        job_id=run.job_id, due_at=run.due_at, attempt=attempt or run.attempt, overlap=run.overlap.enforced
     )
 
 
@@ -124,7 +241,15 @@ def finish(
         logger.warning("stale finish rejected", extra={"run_id": run.run_id, "fencing_token": fencing_token})
         raise
     send_retry_wake_up(ended, deps)
+    after_terminal(ended, deps)
+    _count_dead_letter(ended)
     return ended
+
+
+def _count_dead_letter(run: Run) -> None:
+    if run.dead_lettered and run.state.terminal:
+        emit_metric("RunDeadLettered")
+        logger.error("run dead-lettered", extra={"run_id": run.run_id, "attempts": run.attempt})
 
 
 def send_retry_wake_up(run: Run, deps: Deps) -> None:
@@ -137,11 +262,7 @@ def send_retry_wake_up(run: Run, deps: Deps) -> None:
         return
     delay = delay_seconds(run.retry_at, deps.clock.now())
     if (run.retry_at - deps.clock.now()).total_seconds() <= SQS_MAX_DELAY_SECONDS:
-        deps.queues.send(
-            run.task.tier,
-            RunMessage(job_id=run.job_id, due_at=run.due_at, attempt=run.attempt + 1),
-            delay=delay,
-        )
+        deps.queues.send(run.task.tier, message_for(run, attempt=run.attempt + 1), delay=delay)
 
 
 def _attempt_end_update(
@@ -190,7 +311,7 @@ def _attempt_end_update(
     else:
         upd.sets["state"] = outcome.value
         if outcome is RunState.FAILED:
-            upd.sets["dead_lettered"] = True
+            upd.sets.update(dead_lettered=True, dead_lettered_at=now, dead_letter_tenant=run.tenant)
         upd.removes.extend(terminal_removals())
     return upd
 
@@ -220,4 +341,6 @@ def expire_lease(run: Run, deps: Deps) -> Run:
     upd.extra_condition = f"{upd.name('lease_expires_at')} <= {upd.value('now', now)}"
     ended = deps.store.fenced_transition(run.job_id, run.due_at, fencing_token=run.fencing_token, update=upd)
     send_retry_wake_up(ended, deps)
+    after_terminal(ended, deps)
+    _count_dead_letter(ended)
     return ended

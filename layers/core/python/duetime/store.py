@@ -28,15 +28,21 @@ from duetime.errors import (
 )
 from duetime.models import Job, Run, RunState
 from duetime.resources import (
+    ACTIVE_INDEX,
+    ACTIVE_INDEX_PK,
+    DEAD_LETTER_INDEX,
+    DEAD_LETTER_INDEX_PK,
     DUE_INDEX,
     DUE_INDEX_PK,
     DUE_INDEX_SK,
+    RUNS_SK,
     RUNS_TTL_ATTRIBUTE,
+    SHARD_LEASE_PREFIX,
     WATCH_INDEX,
     WATCH_INDEX_PK,
     WATCH_INDEX_SK,
 )
-from duetime.timeutil import to_iso
+from duetime.timeutil import from_iso, to_iso
 
 _ser = TypeSerializer()
 _de = TypeDeserializer()
@@ -102,12 +108,22 @@ def run_to_item(run: Run, *, retention_days: int) -> dict[str, Any]:
     data = run.model_dump(mode="python")
     if not run.state.terminal and run.watch_at is not None:
         data[WATCH_INDEX_PK] = run.shard
+    if not run.state.terminal and run.overlap.enforced:
+        data[ACTIVE_INDEX_PK] = run.job_id
+    if run.dead_lettered:
+        data[DEAD_LETTER_INDEX_PK] = run.tenant
     data[RUNS_TTL_ATTRIBUTE] = int((run.due_at + timedelta(days=retention_days)).timestamp())
     return data
 
 
+#: attributes that exist only to place a run in a sparse index (derived from the run's own fields)
+_INDEX_ONLY_ATTRIBUTES = frozenset(
+    {WATCH_INDEX_PK, ACTIVE_INDEX_PK, DEAD_LETTER_INDEX_PK, RUNS_TTL_ATTRIBUTE}
+)
+
+
 def run_from_item(item: Mapping[str, Any]) -> Run:
-    data = {k: v for k, v in item.items() if k not in (WATCH_INDEX_PK, RUNS_TTL_ATTRIBUTE)}
+    data = {k: v for k, v in item.items() if k not in _INDEX_ONLY_ATTRIBUTES}
     return Run.model_validate(data)
 
 
@@ -238,7 +254,7 @@ class DynamoStore:
             kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
 
     def advance_job(
-        self, job_id: str, *, claimed: datetime, next_fire_at: datetime | None, now: datetime
+        self, job_id: str, *, claimed: datetime, next_fire_at: datetime | None, now: datetime, missed: int = 0
     ) -> None:
         """Move the job's ``next_fire_at`` from ``claimed`` to ``next_fire_at`` (claim step 2).
 
@@ -249,6 +265,8 @@ class DynamoStore:
         """
         upd = Update(conditions={"next_fire_at": claimed})
         upd.sets["updated_at"] = now
+        if missed:
+            upd.adds["missed_slots"] = missed
         if next_fire_at is None:
             upd.removes.append("next_fire_at")
             upd.sets["state"] = "COMPLETED"
@@ -318,6 +336,84 @@ class DynamoStore:
                 return
             kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
 
+    def query_active(self, job_id: str, *, before: datetime) -> list[datetime]:
+        """Due times of the job's non-terminal runs due before ``before`` (active-runs GSI, eventually
+        consistent; only runs of jobs with an overlap policy are indexed), oldest first."""
+        out = self._ddb.query(
+            TableName=self.runs_table,
+            IndexName=ACTIVE_INDEX,
+            KeyConditionExpression="#pk = :job AND #sk < :before",
+            ExpressionAttributeNames={"#pk": ACTIVE_INDEX_PK, "#sk": RUNS_SK},
+            ExpressionAttributeValues=serialize({":job": job_id, ":before": before}),
+        )
+        return [from_iso(deserialize(i)[RUNS_SK]) for i in out.get("Items", [])]
+
+    def query_active_after(self, job_id: str, *, after: datetime, limit: int = 1) -> list[datetime]:
+        """Due times of the job's non-terminal runs due after ``after``, oldest first (at most ``limit``)."""
+        out = self._ddb.query(
+            TableName=self.runs_table,
+            IndexName=ACTIVE_INDEX,
+            KeyConditionExpression="#pk = :job AND #sk > :after",
+            ExpressionAttributeNames={"#pk": ACTIVE_INDEX_PK, "#sk": RUNS_SK},
+            ExpressionAttributeValues=serialize({":job": job_id, ":after": after}),
+            Limit=limit,
+        )
+        return [from_iso(deserialize(i)[RUNS_SK]) for i in out.get("Items", [])]
+
+    def query_dead_letters(self, tenant: str, *, limit: int = 20) -> list[Run]:
+        """The tenant's dead-lettered runs, most recently dead-lettered first (dead-letters GSI)."""
+        out = self._ddb.query(
+            TableName=self.runs_table,
+            IndexName=DEAD_LETTER_INDEX,
+            KeyConditionExpression="#pk = :tenant",
+            ExpressionAttributeNames={"#pk": DEAD_LETTER_INDEX_PK},
+            ExpressionAttributeValues=serialize({":tenant": tenant}),
+            ScanIndexForward=False,
+            Limit=limit,
+        )
+        return [run_from_item(deserialize(i)) for i in out.get("Items", [])]
+
+    # ---- shard leases --------------------------------------------------------------------------------
+    def acquire_shard_lease(self, shard: int, *, owner: str, now: datetime, lease_seconds: float) -> bool:
+        """Take (or renew) the tick's lease on ``shard`` until ``now + lease_seconds``.
+
+        Returns False if another owner holds an unexpired lease. Correctness never depends on it (claims are
+        conditional); it only keeps two ticks from working one shard at once.
+        """
+        upd = Update()
+        exp = upd.name("expires_at")
+        upd.extra_condition = (
+            f"attribute_not_exists({exp}) OR {exp} <= {upd.value('now', now)}"
+            f" OR {upd.name('owner')} = {upd.value('me', owner)}"
+        )
+        upd.sets.update(owner=owner, expires_at=now + timedelta(seconds=lease_seconds))
+        upd.adds["lease_token"] = 1
+        try:
+            self._ddb.update_item(
+                TableName=self.jobs_table,
+                Key=serialize({"job_id": f"{SHARD_LEASE_PREFIX}{shard}"}),
+                **upd.build(),
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                return False
+            raise
+        return True
+
+    def release_shard_lease(self, shard: int, *, owner: str, now: datetime) -> None:
+        """End our lease on ``shard`` now (no-op if another owner holds it)."""
+        upd = Update(conditions={"owner": owner})
+        upd.sets["expires_at"] = now
+        try:
+            self._ddb.update_item(
+                TableName=self.jobs_table,
+                Key=serialize({"job_id": f"{SHARD_LEASE_PREFIX}{shard}"}),
+                **upd.build(),
+            )
+        except ClientError as exc:
+            if not _is_condition_failure(exc):
+                raise
+
     def update_run(self, job_id: str, due_at: datetime, update: Update) -> Run:
         """Apply a conditional update to a run and return the run as it now is.
 
@@ -358,10 +454,13 @@ class DynamoStore:
         """
         upd = Update()
         state, att, retry_at = upd.name("state"), upd.name("attempt"), upd.name("retry_at")
+        deadline, now_v = upd.name("start_deadline_at"), upd.value("now", now)
         upd.extra_condition = (
-            f"({state} = {upd.value('pending', RunState.PENDING.value)} AND {att} = {upd.value('att', attempt)})"
+            f"(({state} = {upd.value('pending', RunState.PENDING.value)} AND {att} = {upd.value('att', attempt)})"
             f" OR ({state} = {upd.value('retry_wait', RunState.RETRY_WAIT.value)}"
-            f" AND {att} = {upd.value('prev_att', attempt - 1)} AND {retry_at} <= {upd.value('now', now)})"
+            f" AND {att} = {upd.value('prev_att', attempt - 1)} AND {retry_at} <= {now_v}))"
+            # attempt 1 must start by its starting deadline (retries are past it by design)
+            f" AND (attribute_not_exists({deadline}) OR {deadline} >= {now_v} OR {att} > {upd.value('one', 1)})"
         )
         upd.sets.update(
             state=RunState.RUNNING.value,
@@ -421,4 +520,4 @@ class DynamoStore:
 
 def terminal_removals() -> Sequence[str]:
     """Attributes a run drops when it becomes terminal (it leaves the watchdog GSI, the lease ends)."""
-    return (WATCH_INDEX_PK, WATCH_INDEX_SK, "lease_owner", "lease_expires_at")
+    return (WATCH_INDEX_PK, WATCH_INDEX_SK, ACTIVE_INDEX_PK, "lease_owner", "lease_expires_at", "retry_at")

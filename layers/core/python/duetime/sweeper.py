@@ -2,7 +2,8 @@
 
 It reads only the watchdog GSI (non-terminal runs whose ``watch_at`` has passed), never scans, and every
 action is a conditional update, so running it twice at once is safe:
-- PENDING past due + grace: the message was lost (or is late); re-send it ([S0] "the run row is the truth").
+- PENDING past due + grace: the message was lost (or is late); re-send it ([S0] "the run row is the truth"),
+  unless attempt 1 is past its starting deadline: then it is SKIPPED.
 - RUNNING with an expired lease: the attempt failed with reason ``worker_lost``; retry rules apply.
 - RETRY_WAIT whose wake-up did not start it: back to PENDING with attempt + 1, and a message is sent. (A
   failed attempt sends its retry's message itself, delayed by the backoff; the sweeper is the backstop one
@@ -16,10 +17,10 @@ from datetime import timedelta
 
 from duetime.deps import Deps
 from duetime.errors import LeaseLostError
-from duetime.models import Run, RunMessage, RunState
+from duetime.models import Run, RunState
 from duetime.observability import logger
 from duetime.queue import delay_seconds
-from duetime.runs import expire_lease
+from duetime.runs import expire_lease, message_for, skip
 from duetime.store import ConditionFailedError, Update
 
 
@@ -31,6 +32,7 @@ class SweepResult:
     resent: int = 0
     leases_expired: int = 0
     retries_released: int = 0
+    deadline_skipped: int = 0
     skipped: int = 0
 
 
@@ -41,8 +43,12 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
     for run in deps.store.query_watch(shard, now):
         try:
             if run.state is RunState.PENDING:
-                _resend(run, deps)
-                result.resent += 1
+                if run.attempt == 1 and run.start_deadline_at is not None and now > run.start_deadline_at:
+                    skip(run, deps, reason="starting_deadline_exceeded")
+                    result.deadline_skipped += 1
+                else:
+                    _resend(run, deps)
+                    result.resent += 1
             elif run.state is RunState.RUNNING:
                 if run.lease_expires_at is not None and run.lease_expires_at <= now:
                     expire_lease(run, deps)
@@ -68,11 +74,7 @@ def _resend(run: Run, deps: Deps) -> None:
     )
     upd.sets["watch_at"] = now + timedelta(seconds=deps.settings.pending_grace_seconds)
     deps.store.update_run(run.job_id, run.due_at, upd)
-    deps.queues.send(
-        run.task.tier,
-        RunMessage(job_id=run.job_id, due_at=run.due_at, attempt=run.attempt),
-        delay=delay_seconds(run.due_at, now),
-    )
+    deps.queues.send(run.task.tier, message_for(run), delay=delay_seconds(run.due_at, now))
     logger.info("pending run re-sent", extra={"run_id": run.run_id, "attempt": run.attempt})
 
 
@@ -87,5 +89,5 @@ def _release_retry(run: Run, deps: Deps) -> None:
     )
     upd.removes.append("retry_at")
     deps.store.update_run(run.job_id, run.due_at, upd)
-    deps.queues.send(run.task.tier, RunMessage(job_id=run.job_id, due_at=run.due_at, attempt=run.attempt + 1))
+    deps.queues.send(run.task.tier, message_for(run, attempt=run.attempt + 1))
     logger.info("retry released", extra={"run_id": run.run_id, "attempt": run.attempt + 1})

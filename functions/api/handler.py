@@ -6,7 +6,8 @@ Thin: parse, call one service in ``duetime.jobs``, map the result. Errors are JS
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
@@ -15,9 +16,16 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from duetime import jobs
-from duetime.api_models import CreateJobRequest, ErrorResponse, JobResponse, RunListResponse, RunResponse
+from duetime.api_models import (
+    CreateJobRequest,
+    ErrorResponse,
+    JobResponse,
+    RunListResponse,
+    RunResponse,
+    SchedulePreviewResponse,
+)
 from duetime.deps import default_deps
-from duetime.errors import NotFoundError, ScheduleError
+from duetime.errors import ConflictError, NotFoundError, ScheduleError
 from duetime.observability import logger
 from duetime.store import JobExistsError
 
@@ -81,6 +89,11 @@ def _not_found(exc: NotFoundError) -> Response[str]:
     return error(404, "not_found", str(exc))
 
 
+@app.exception_handler(ConflictError)
+def _conflict(exc: ConflictError) -> Response[str]:
+    return error(409, "conflict", str(exc))
+
+
 @app.exception_handler(JobExistsError)
 def _exists(exc: JobExistsError) -> Response[str]:
     return error(409, "job_exists", str(exc), "job_id")
@@ -127,6 +140,35 @@ def get_run(run_id: str) -> RunResponse:
 def get_run_logs(run_id: str, attempt: Annotated[int | None, Query(ge=1)] = None) -> Response[str]:
     text = jobs.get_run_log(run_id, tenant=current_tenant(), deps=default_deps(), attempt=attempt)
     return Response(status_code=200, content_type="text/plain; charset=utf-8", body=text)
+
+
+@app.get("/dead-letters")
+def list_dead_letters(limit: Annotated[int, Query(ge=1, le=100)] = 20) -> RunListResponse:
+    runs = jobs.list_dead_letters(tenant=current_tenant(), deps=default_deps(), limit=limit)
+    return RunListResponse(runs=[RunResponse.of(r) for r in runs])
+
+
+@app.post("/runs/<run_id>/retry")
+def retry_run(run_id: str) -> RunResponse:
+    return RunResponse.of(jobs.redrive(run_id, tenant=current_tenant(), deps=default_deps()))
+
+
+@app.get("/schedules/preview")
+def preview_schedule(
+    expression: Annotated[str, Query(min_length=1, max_length=256)],
+    timezone: Annotated[str, Query(max_length=64)] = "UTC",
+    count: Annotated[int, Query(ge=1, le=100)] = 5,
+    after: Annotated[datetime | None, Query(description="ISO-8601 instant with offset; default now")] = None,
+    anchor: Annotated[datetime | None, Query(description="start of a rate(...); default `after`")] = None,
+    dst_policy: Annotated[Literal["shift", "skip"], Query()] = "shift",
+) -> SchedulePreviewResponse:
+    start = after or default_deps().clock.now()
+    for name, value in (("after", after), ("anchor", anchor)):
+        if value is not None and value.tzinfo is None:
+            raise ScheduleError(f"{name} needs a UTC offset, e.g. 2026-12-01T10:00:00Z", name)
+    return jobs.preview_schedule(
+        expression, timezone, after=start, anchor=anchor or start, count=count, dst_policy=dst_policy
+    )
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)

@@ -124,3 +124,95 @@ def test_a_json_body_sent_as_a_form_is_read_as_json(api: ModuleType) -> None:
     result = api.lambda_handler(event, LocalLambdaContext("api"))
     assert result["statusCode"] == 400
     assert '"field":"name"' in result["body"] and "valid string" in result["body"]
+
+
+def test_a_dead_lettered_run_is_listed_and_can_be_retried(api: ModuleType, deps) -> None:
+    # Given a run-now job that fails its only attempt
+    body = {
+        **HELLO,
+        "schedule": None,
+        "task": {"kind": "container", "command": ["sh", "-c", "exit 4"]},
+        "retry": {"max_attempts": 1},
+    }
+    _, job, _ = call(api, "POST", "/jobs", body)
+    worker = Worker(deps, "small", owner="w1")
+    worker.poll_once()
+    # Then it is in the dead letters, newest first
+    status, dead, _ = call(api, "GET", "/dead-letters")
+    assert status == 200
+    [run] = dead["runs"]
+    assert (run["job_id"], run["state"], run["dead_lettered"], run["exit_code"]) == (
+        job["job_id"],
+        "FAILED",
+        True,
+        4,
+    )
+    # When it is re-driven it runs again as attempt 2 and leaves the dead letters
+    status, again, _ = call(api, "POST", f"/runs/{run['run_id']}/retry")
+    assert status == 200 and (again["state"], again["attempt"], again["trigger"]) == ("PENDING", 2, "retry")
+    assert call(api, "GET", "/dead-letters")[1]["runs"] == []
+    # And retrying a run that is not dead-lettered (now PENDING) is a 409 that says why
+    status, answer, _ = call(api, "POST", f"/runs/{run['run_id']}/retry")
+    assert status == 409 and "not dead-lettered" in answer["error"]["message"]
+    worker.poll_once()
+    attempts = call(api, "GET", f"/runs/{run['run_id']}")[1]["attempts"]
+    assert [(a["attempt"], a["exit_code"]) for a in attempts] == [(1, 4), (2, 4)]
+
+
+def test_schedule_preview_lists_fire_times_in_utc_and_local_time(api: ModuleType) -> None:
+    status, body, _ = call(
+        api,
+        "GET",
+        "/schedules/preview",
+        query={
+            "expression": "cron(0 12 ? * MON-FRI *)",
+            "timezone": "Europe/Berlin",
+            "count": "3",
+            "after": "2026-11-27T12:00:00Z",
+        },
+    )
+    assert status == 200, body
+    assert body["fire_times"] == [
+        "2026-11-30T11:00:00.000Z",
+        "2026-12-01T11:00:00.000Z",
+        "2026-12-02T11:00:00.000Z",
+    ]
+    assert body["local_times"][0] == "2026-11-30T12:00:00+01:00"
+    assert body["kind"] == "cron" and body["description"]
+
+
+def test_schedule_preview_of_an_impossible_expression_is_a_400_saying_why(api: ModuleType) -> None:
+    status, body, _ = call(api, "GET", "/schedules/preview", query={"expression": "0 0 30 2 *"})
+    assert status == 400 and body["error"]["field"] == "schedule.expression"
+    assert "never" in body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "expected_next"),
+    [
+        # submitted Sunday 2026-11-29 12:00 UTC; Berlin is UTC+1 in winter: weekdays 12:00 local = 11:00 UTC
+        ({"expression": "cron(0 12 ? * MON-FRI *)", "timezone": "Europe/Berlin"}, "2026-11-30T11:00:00.000Z"),
+        # Kolkata is UTC+05:30: hourly at local :00 is at UTC :30 (not half past local)
+        ({"expression": "0 * * * *", "timezone": "Asia/Kolkata"}, "2026-11-29T12:30:00.000Z"),
+    ],
+)
+def test_cron_jobs_in_other_zones_show_the_right_next_fire(api: ModuleType, schedule, expected_next) -> None:
+    status, body, _ = call(api, "POST", "/jobs", {**HELLO, "schedule": schedule})
+    assert status == 201, body
+    assert body["next_fire_at"] == expected_next
+
+
+def test_policies_round_trip_through_the_api(api: ModuleType) -> None:
+    body = {
+        **HELLO,
+        "overlap": {"policy": "skip"},
+        "catch_up": {"policy": "all", "max_runs": 5},
+        "starting_deadline_seconds": 120,
+    }
+    status, job, _ = call(api, "POST", "/jobs", body)
+    assert status == 201
+    assert job["overlap"] == {"policy": "skip", "max_concurrency": None}
+    assert job["catch_up"] == {"policy": "all", "max_runs": 5}
+    assert job["starting_deadline_seconds"] == 120
+    status, answer, _ = call(api, "POST", "/jobs", {**HELLO, "overlap": {"policy": "sometimes"}})
+    assert status == 400 and answer["error"]["field"] == "overlap.policy"

@@ -9,11 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from duetime.models import (
     MAX_TIMEOUT_SECONDS,
     AttemptRecord,
+    CatchUpPolicy,
     ContainerTask,
     Instant,
     Job,
     JobId,
     JobState,
+    OverlapPolicy,
     RetryPolicy,
     Run,
     RunEvent,
@@ -46,6 +48,14 @@ class CreateJobRequest(BaseModel):
     task: ContainerTask
     timeout_seconds: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_SECONDS, description="per attempt, s")
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    catch_up: CatchUpPolicy = Field(default_factory=CatchUpPolicy)
+    overlap: OverlapPolicy = Field(default_factory=OverlapPolicy)
+    starting_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_TIMEOUT_SECONDS,
+        description="a run not started this long after its due time is SKIPPED",
+    )
 
 
 class JobResponse(BaseModel):
@@ -59,6 +69,10 @@ class JobResponse(BaseModel):
     task: ContainerTask
     timeout_seconds: int
     retry: RetryPolicy
+    catch_up: CatchUpPolicy
+    overlap: OverlapPolicy
+    starting_deadline_seconds: int | None
+    missed_slots: int
     next_fire_at: Instant | None
     created_at: Instant
     updated_at: Instant
@@ -85,7 +99,9 @@ class RunResponse(BaseModel):
     error: str | None
     lease_owner: str | None
     lease_expires_at: Instant | None
+    retry_at: Instant | None
     dead_lettered: bool
+    dead_lettered_at: Instant | None
     missed_slots: int
     lag_seconds: float | None = Field(description="started_at - due_at of the current attempt, seconds")
     attempts: list[AttemptRecord]
@@ -126,3 +142,14 @@ class ErrorResponse(BaseModel):
     """Every error the API returns has this shape."""
 
     error: ErrorBody
+
+
+class SchedulePreviewResponse(BaseModel):
+    """The next fire times of an expression, in UTC and in the schedule's zone (with its UTC offset)."""
+
+    expression: str
+    timezone: str
+    kind: str
+    description: str
+    fire_times: list[Instant] = Field(description="UTC")
+    local_times: list[str] = Field(description="ISO-8601 wall times in `timezone`, with their UTC offsets")

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from duetime.deps import Deps
 from duetime.errors import AlreadyClaimedError, StaleClaimError
-from duetime.models import Job, Run, RunState, Trigger
+from duetime.models import Job, Run, RunState, ScheduleSpec, Trigger
 from duetime.observability import logger
 from duetime.queue import delay_seconds
 from duetime.runs import message_for
@@ -27,18 +27,22 @@ MAX_WALKED_SLOTS = 10_000
 
 
 @lru_cache(maxsize=4096)
-def _cached_schedule(
-    expression: str, timezone: str, anchor: datetime, start_at: datetime | None, end_at: datetime | None
-) -> Schedule:
-    return parse_schedule(expression, timezone, anchor=anchor, start_at=start_at, end_at=end_at)
+def _cached_schedule(spec: ScheduleSpec, anchor: datetime) -> Schedule:
+    return parse_schedule(
+        spec.expression,
+        spec.timezone,
+        anchor=anchor,
+        dst_policy=spec.dst_policy,
+        start_at=spec.start_at,
+        end_at=spec.end_at,
+    )
 
 
 def schedule_of(job: Job) -> Schedule | None:
     """The parsed schedule of ``job`` (None for a run-now job). Parsing is cached per process."""
     if job.schedule is None:
         return None
-    spec = job.schedule
-    return _cached_schedule(spec.expression, spec.timezone, job.anchor, spec.start_at, spec.end_at)
+    return _cached_schedule(job.schedule, job.anchor)
 
 
 def next_fire_after(job: Job, instant: datetime) -> datetime | None:

@@ -45,3 +45,7 @@ class LeaseLostError(DuetimeError):
 
     The worker holding that token has lost the run and must stop its task.
     """
+
+
+class ConflictError(DuetimeError):
+    """The request conflicts with the resource's current state (HTTP 409)."""

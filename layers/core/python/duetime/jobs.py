@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import uuid
 import zlib
-from datetime import timedelta
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
 
-from duetime.api_models import CreateJobRequest
+from duetime.api_models import CreateJobRequest, SchedulePreviewResponse
 from duetime.claims import claim_until, next_fire_after
 from duetime.deps import Deps
-from duetime.errors import NotFoundError, ScheduleError
-from duetime.models import Job, JobState, Run, parse_run_id
-from duetime.schedules import parse_schedule
+from duetime.errors import ConflictError, NotFoundError, ScheduleError
+from duetime.models import Job, JobState, Run, RunState, Trigger, parse_run_id
+from duetime.resources import ACTIVE_INDEX_PK, DEAD_LETTER_INDEX_PK
+from duetime.runs import message_for
+from duetime.schedules import DstPolicy, parse_schedule
+from duetime.store import ConditionFailedError, Update
 from duetime.timeutil import truncate_ms
 
 
@@ -57,6 +61,9 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
         task=request.task,
         timeout_seconds=request.timeout_seconds,
         retry=request.retry,
+        catch_up=request.catch_up,
+        overlap=request.overlap,
+        starting_deadline_seconds=request.starting_deadline_seconds,
         state=JobState.ACTIVE,
         shard=shard_of(job_id, deps.settings.shard_count),
         next_fire_at=None,
@@ -126,3 +133,71 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
         return ""
     data = deps.logs.get(key)
     return data.decode("utf-8", errors="replace") if data is not None else ""
+
+
+def list_dead_letters(*, tenant: str, deps: Deps, limit: int = 20) -> list[Run]:
+    """The caller's dead-lettered runs (FAILED after their last attempt), most recently dead-lettered first."""
+    return deps.store.query_dead_letters(tenant, limit=limit)
+
+
+def redrive(run_id: str, *, tenant: str, deps: Deps) -> Run:
+    """Re-drive a dead-lettered run: it returns to PENDING as the next attempt, with a fresh retry budget
+    (``max_attempts`` more attempts), leaves the dead-letter list, and is sent to its queue now.
+
+    Raises:
+        NotFoundError: the run is not the caller's.
+        ConflictError: the run is not dead-lettered (only a FAILED run that exhausted its attempts can be).
+    """
+    run = get_run(run_id, tenant=tenant, deps=deps)
+    if not run.dead_lettered or run.state is not RunState.FAILED:
+        raise ConflictError(
+            f"run {run_id} is {run.state.value}, not dead-lettered: only dead letters can be retried"
+        )
+    now = deps.clock.now()
+    upd = Update(conditions={"state": RunState.FAILED.value, "attempt": run.attempt, "dead_lettered": True})
+    upd.sets.update(
+        state=RunState.PENDING.value,
+        attempt=run.attempt + 1,
+        max_attempts=run.attempt + run.retry.max_attempts,
+        dead_lettered=False,
+        trigger=Trigger.RETRY.value,
+        watch_at=now + timedelta(seconds=deps.settings.pending_grace_seconds),
+        watch_shard=run.shard,
+    )
+    if run.overlap.enforced:
+        upd.sets[ACTIVE_INDEX_PK] = run.job_id
+    upd.removes.extend(["dead_lettered_at", DEAD_LETTER_INDEX_PK, "finished_at", "exit_code", "error"])
+    upd.appends["events"] = [{"at": now, "kind": "redriven", "detail": {"attempt": run.attempt + 1}}]
+    try:
+        redriven = deps.store.update_run(run.job_id, run.due_at, upd)
+    except ConditionFailedError:
+        raise ConflictError(f"run {run_id} changed meanwhile; read it again") from None
+    deps.queues.send(redriven.task.tier, message_for(redriven))
+    return redriven
+
+
+def preview_schedule(
+    expression: str,
+    timezone: str,
+    *,
+    after: datetime,
+    anchor: datetime,
+    count: int = 5,
+    dst_policy: DstPolicy = "shift",
+) -> SchedulePreviewResponse:
+    """The next ``count`` fire times of an expression strictly after ``after`` (aware), with a description.
+
+    Raises:
+        ScheduleError: the expression or zone is invalid or can never fire (naming the field).
+    """
+    schedule = parse_schedule(expression, timezone, anchor=anchor, dst_policy=dst_policy)
+    fires = schedule.preview(after, count)
+    zone = ZoneInfo(schedule.timezone)
+    return SchedulePreviewResponse(
+        expression=schedule.expression,
+        timezone=schedule.timezone,
+        kind=schedule.kind,
+        description=schedule.describe(),
+        fire_times=fires,
+        local_times=[f.astimezone(zone).isoformat() for f in fires],
+    )

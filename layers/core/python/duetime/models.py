@@ -87,6 +87,11 @@ class ScheduleSpec(BaseModel):
     )
     start_at: Instant | None = Field(default=None, description="No fire before this instant")
     end_at: Instant | None = Field(default=None, description="No fire after this instant")
+    dst_policy: Literal["shift", "skip"] = Field(
+        default="shift",
+        description="a fixed-time fire inside a spring-forward gap: `shift` runs it when the gap ends "
+        "(Debian cron), `skip` drops it (EventBridge Scheduler)",
+    )
 
 
 class ContainerTask(BaseModel):

@@ -109,3 +109,27 @@ def test_sigterm_stops_every_process_the_stack_started(tmp_path) -> None:
         assert sock.connect_ex(("127.0.0.1", port)) != 0, "moto's server is still listening"
     children = os.popen(f"pgrep -g {s.proc.pid}").read().split()
     assert children == []
+
+
+def test_a_crontab_imports_as_jobs_that_run_with_its_env_and_stdin(stack: Stack, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    crontab = tmp_path / "crontab"
+    crontab.write_text('GREETING=bonjour\n* * * * * echo "$GREETING from cron"; cat%line one%line two\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "duetime", "import", "crontab", str(crontab), "--api", stack.api],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.split("created job ")[1].split()[0]
+    _, job = stack.request("GET", f"/jobs/{job_id}")
+    assert job["schedule"]["expression"] == "* * * * *"
+    assert job["task"]["command"][:2] == ["/bin/sh", "-c"] and job["task"]["env"]["GREETING"] == "bonjour"
+    # trigger it now through a second, run-now job with the same task (cron's next minute may be 60 s away)
+    status, now_job = stack.request("POST", "/jobs", {"name": "now", "task": job["task"]})
+    assert status == 201
+    [run] = stack.wait_run(now_job["job_id"], {"SUCCEEDED"})
+    assert stack.request("GET", f"/runs/{run['run_id']}/logs")[1] == "bonjour from cron\nline one\nline two\n"

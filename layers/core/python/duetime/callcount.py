@@ -107,7 +107,9 @@ def sqs_requests(payload_bytes: int) -> int:
 class TableSchema:
     """A table's key attributes and its GSIs: ``{index: (key attributes, projection, included)}``."""
 
-    def __init__(self, keys: tuple[str, ...], indexes: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]]):
+    def __init__(
+        self, keys: tuple[str, ...], indexes: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]]
+    ):
         self.keys = keys
         self.indexes = indexes
 
@@ -218,7 +220,9 @@ class _Recorder:
         context["duetime_callcount"] = state
         state["t0"] = time.perf_counter()  # the side read is not the call's own time
 
-    def after(self, http_response: Any, parsed: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
+    def after(
+        self, http_response: Any, parsed: dict[str, Any], model: Any, context: dict[str, Any], **_: Any
+    ) -> None:
         state = context.get("duetime_callcount")
         if state is None:
             return
@@ -244,7 +248,9 @@ class _Recorder:
         _sink(self.directory).write(json.dumps(record, separators=(",", ":")) + "\n")
 
     # ---- per service -------------------------------------------------------------------------------------
-    def _dynamodb(self, op: str, state: dict[str, Any], parsed: dict[str, Any], error: str | None) -> dict[str, Any]:
+    def _dynamodb(
+        self, op: str, state: dict[str, Any], parsed: dict[str, Any], error: str | None
+    ) -> dict[str, Any]:
         params = state["params"]
         out: dict[str, Any] = {"table": params.get("TableName")}
         if op in _WRITE_OPS:
@@ -265,16 +271,24 @@ class _Recorder:
                 new = _image(table, state["key"])
             out["new_bytes"] = item_size(new)
             gsi = _schema(table).gsi_writes(old, new)
-            out["wru"] = write_units(max(out["old_bytes"], out["new_bytes"])) + sum(sum(w) for w in gsi.values())
+            out["wru"] = write_units(max(out["old_bytes"], out["new_bytes"])) + sum(
+                sum(w) for w in gsi.values()
+            )
             out["gsi"] = gsi
         elif op in _READ_OPS:
             if op == "GetItem":
                 size = item_size(parsed.get("Item"))
                 consistent = bool(params.get("ConsistentRead"))
-                out.update(items=int("Item" in parsed), read_bytes=size, rru=read_units(size, consistent=consistent))
+                out.update(
+                    items=int("Item" in parsed), read_bytes=size, rru=read_units(size, consistent=consistent)
+                )
             elif op == "BatchGetItem":
                 sizes = [item_size(i) for items in parsed.get("Responses", {}).values() for i in items]
-                out.update(items=len(sizes), read_bytes=sum(sizes), rru=sum(read_units(s, consistent=False) for s in sizes))
+                out.update(
+                    items=len(sizes),
+                    read_bytes=sum(sizes),
+                    rru=sum(read_units(s, consistent=False) for s in sizes),
+                )
             else:
                 items = parsed.get("Items", [])
                 size = sum(item_size(i) for i in items)
@@ -290,11 +304,17 @@ class _Recorder:
             sizes = []
             for entry in _write_requests(op, params):
                 sizes.append(item_size(entry))
-            out.update(items=len(sizes), wru=sum(write_units(s, transactional=op == "TransactWriteItems") for s in sizes), gsi={})
+            out.update(
+                items=len(sizes),
+                wru=sum(write_units(s, transactional=op == "TransactWriteItems") for s in sizes),
+                gsi={},
+            )
             out["approximate"] = "request item sizes only; GSI writes not counted"
         return out
 
-    def _sqs(self, op: str, state: dict[str, Any], parsed: dict[str, Any], error: str | None) -> dict[str, Any]:
+    def _sqs(
+        self, op: str, state: dict[str, Any], parsed: dict[str, Any], error: str | None
+    ) -> dict[str, Any]:
         params = state["params"]
         out: dict[str, Any] = {"queue": str(params.get("QueueUrl", "")).rsplit("/", 1)[-1]}
         if op == "SendMessage":
@@ -311,7 +331,9 @@ class _Recorder:
             out["requests"] = 1
         return out
 
-    def _s3(self, op: str, state: dict[str, Any], parsed: dict[str, Any], error: str | None) -> dict[str, Any]:
+    def _s3(
+        self, op: str, state: dict[str, Any], parsed: dict[str, Any], error: str | None
+    ) -> dict[str, Any]:
         params = state["params"]
         out: dict[str, Any] = {"bucket": params.get("Bucket")}
         if op == "PutObject":

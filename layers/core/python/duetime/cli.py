@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -97,6 +98,141 @@ def worker(
     signal.signal(signal.SIGTERM, lambda *_: w.stop())
     signal.signal(signal.SIGINT, lambda *_: w.stop())
     w.run_forever()
+
+
+schedule_app = typer.Typer(no_args_is_help=True, help="Work with schedule expressions.")
+import_app = typer.Typer(no_args_is_help=True, help="Import jobs from other schedulers.")
+app.add_typer(schedule_app, name="schedule")
+app.add_typer(import_app, name="import")
+
+
+def _instant(value: str | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(f"not an ISO-8601 instant: {value!r}", param_hint=name) from None
+    if parsed.tzinfo is None:
+        raise typer.BadParameter("needs a UTC offset, e.g. 2026-12-01T10:00:00Z", param_hint=name)
+    return parsed
+
+
+@schedule_app.command("preview")
+def schedule_preview(
+    expression: Annotated[str, typer.Argument(help="cron, cron(...), rate(...) or at(...)")],
+    tz: Annotated[str, typer.Option("--tz", help="IANA time zone of the schedule")] = "UTC",
+    after: Annotated[str | None, typer.Option(help="ISO instant to start from (default now)")] = None,
+    anchor: Annotated[str | None, typer.Option(help="start of a rate(...) (default --after)")] = None,
+    count: Annotated[int, typer.Option(min=1, max=1000, help="how many fire times")] = 5,
+    dst_policy: Annotated[str, typer.Option(help="shift (Debian cron) or skip (EventBridge)")] = "shift",
+    as_json: Annotated[bool, typer.Option("--json", help="a JSON list of ISO instants in the zone")] = False,
+) -> None:
+    """Print the next fire times of EXPRESSION (exit 2 with the reason if it is invalid)."""
+    from duetime.errors import ScheduleError
+    from duetime.jobs import preview_schedule
+
+    start = _instant(after, "--after") or datetime.now(UTC)
+    if dst_policy not in ("shift", "skip"):
+        raise typer.BadParameter("must be shift or skip", param_hint="--dst-policy")
+    try:
+        result = preview_schedule(
+            expression,
+            tz,
+            after=start,
+            anchor=_instant(anchor, "--anchor") or start,
+            count=count,
+            dst_policy=dst_policy,  # type: ignore[arg-type]
+        )
+    except ScheduleError as exc:
+        typer.echo(f"duetime: {exc.field}: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(result.local_times))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{result.expression}  ({result.timezone}): {result.description}")
+    table.add_column("#", justify="right")
+    table.add_column(f"local ({result.timezone})")
+    table.add_column("UTC")
+    for i, (local_time, fire) in enumerate(zip(result.local_times, result.fire_times, strict=True), 1):
+        table.add_row(str(i), local_time, fire.strftime("%Y-%m-%d %H:%M:%S"))
+    Console().print(table)
+
+
+def _api_url(api: str | None, config: Path) -> str:
+    if api:
+        return api.rstrip("/")
+    if config.is_file():
+        return str(json.loads(config.read_text())["api_url"])
+    raise typer.BadParameter(f"no --api given and no local stack state at {config}", param_hint="--api")
+
+
+@import_app.command("crontab")
+def import_crontab(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="crontab file")],
+    system: Annotated[
+        bool, typer.Option("--system", help="system format (/etc/crontab, /etc/cron.d): a user column")
+    ] = False,
+    tz: Annotated[str, typer.Option("--tz", help="time zone of entries without CRON_TZ")] = "UTC",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="list the jobs and their next 3 fire times only")
+    ] = False,
+    api: Annotated[str | None, typer.Option(help="Duetime API URL (default: the local stack's)")] = None,
+    config: Annotated[Path, typer.Option(help="local stack state file")] = Path(".duetime/local.json"),
+) -> None:
+    """Create one job per crontab entry; lines that cannot run as-is (@reboot) are reported, not dropped."""
+    import urllib.error
+    import urllib.request
+
+    from duetime.crontab import parse_crontab
+    from duetime.errors import ScheduleError
+    from duetime.jobs import preview_schedule
+
+    parsed = parse_crontab(file.read_text(), system=system, default_timezone=tz, name_prefix=file.name)
+    now = datetime.now(UTC)
+    base = None if dry_run else _api_url(api, config)
+    failures = 0
+    for entry in parsed.entries:
+        who = f" (as {entry.user})" if entry.user else ""
+        try:
+            fires = preview_schedule(
+                entry.schedule, entry.timezone, after=now, anchor=now, count=3
+            ).local_times
+        except ScheduleError as exc:
+            typer.echo(f"line {entry.line}: cannot import `{entry.schedule}`: {exc.message}", err=True)
+            failures += 1
+            continue
+        typer.echo(
+            f"line {entry.line}: {entry.name}: `{entry.schedule}` {entry.timezone}{who}: {entry.command}"
+        )
+        typer.echo(f"    next: {', '.join(fires)}")
+        if base is None:
+            continue
+        body = {
+            "name": entry.name,
+            "schedule": {"expression": entry.schedule, "timezone": entry.timezone},
+            "task": {"kind": "container", "command": entry.argv, "env": entry.env, "stdin": entry.stdin},
+        }
+        request = urllib.request.Request(
+            f"{base}/jobs",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                created = json.loads(response.read())
+            typer.echo(f"    created job {created['job_id']}")
+        except urllib.error.HTTPError as exc:
+            typer.echo(f"    rejected: {exc.code} {exc.read().decode()}", err=True)
+            failures += 1
+    for skipped in parsed.skipped:
+        typer.echo(f"line {skipped.line}: skipped: {skipped.reason}: {skipped.text}", err=True)
+    if failures:
+        raise typer.Exit(1)
 
 
 def main() -> None:

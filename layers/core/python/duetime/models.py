@@ -109,6 +109,9 @@ class ContainerTask(BaseModel):
         default_factory=dict, description="extra environment variables for the task"
     )
     tier: Tier = Field(default="small", description="resource tier: which worker fleet runs it")
+    stdin: str | None = Field(
+        default=None, max_length=65536, description="text fed to the task's standard input (cron's `%` lines)"
+    )
 
 
 class RetryPolicy(BaseModel):

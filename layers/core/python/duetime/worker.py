@@ -204,14 +204,19 @@ class Worker:
     def _run_task(self, run: Run, token: int, out: IO[bytes], received: ReceivedMessage) -> TaskOutcome:
         settings = self.deps.settings
         try:
-            proc = subprocess.Popen(  # noqa: S603 - argv list, no shell unless the job asked for one
-                run.task.command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=task_env(run),
-                start_new_session=True,
-            )
+            stdin = tempfile.TemporaryFile()
+            if run.task.stdin:
+                stdin.write(run.task.stdin.encode())
+                stdin.seek(0)
+            with stdin:
+                proc = subprocess.Popen(  # noqa: S603 - argv list, no shell unless the job asked for one
+                    run.task.command,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=stdin,
+                    env=task_env(run),
+                    start_new_session=True,
+                )
         except OSError as exc:
             out.write(f"duetime: cannot start {run.task.command[0]!r}: {exc}\n".encode())
             return TaskOutcome(exit_code=127, timed_out=False, lease_lost=False, error=f"cannot start: {exc}")

@@ -1,0 +1,66 @@
+"""The `duetime` CLI's schedule preview and crontab dry-run (no AWS)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from duetime.cli import app
+
+runner = CliRunner()
+CRONTABS = Path(__file__).resolve().parents[3] / "shared" / "realworld" / "crontabs"
+
+
+def test_preview_json_lists_instants_with_offsets_in_the_zone() -> None:
+    # 02:30 Berlin falls in the 2026-03-29 spring-forward gap: Debian cron runs it at 03:00 CEST
+    result = runner.invoke(
+        app,
+        [
+            "schedule",
+            "preview",
+            "30 2 * * *",
+            "--tz",
+            "Europe/Berlin",
+            "--after",
+            "2026-03-28T00:00:00Z",
+            "--count",
+            "3",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == [
+        "2026-03-28T02:30:00+01:00",
+        "2026-03-29T03:00:00+02:00",
+        "2026-03-30T02:30:00+02:00",
+    ]
+
+
+def test_preview_of_an_invalid_expression_exits_2_with_the_reason_on_stderr() -> None:
+    result = runner.invoke(app, ["schedule", "preview", "0 0 30 2 *"])
+    assert result.exit_code == 2
+    assert "never" in result.stderr and result.stdout == ""
+
+
+def test_preview_with_a_naive_after_is_a_usage_error() -> None:
+    result = runner.invoke(app, ["schedule", "preview", "@daily", "--after", "2026-01-01T00:00:00"])
+    assert result.exit_code == 2 and "UTC offset" in result.output
+
+
+def test_import_dry_run_lists_every_entry_and_reports_reboot_lines(tmp_path: Path) -> None:
+    crontab = tmp_path / "mine"
+    crontab.write_text("MAILTO=ops\n*/15 * * * * /usr/bin/backup --fast\n@reboot /usr/bin/warm-cache\n")
+    result = runner.invoke(app, ["import", "crontab", str(crontab), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "`*/15 * * * *` UTC: /usr/bin/backup --fast" in result.stdout
+    assert "next:" in result.stdout
+    assert "@reboot" in result.stderr and "skipped" in result.stderr
+
+
+def test_every_real_system_crontab_dry_runs(tmp_path: Path) -> None:
+    for path in sorted(CRONTABS.iterdir()):
+        result = runner.invoke(app, ["import", "crontab", str(path), "--system", "--dry-run"])
+        assert result.exit_code == 0, (path.name, result.output)
+        assert "(as root)" in result.stdout or "(as munin)" in result.stdout, path.name

@@ -204,11 +204,10 @@ class Worker:
     def _run_task(self, run: Run, token: int, out: IO[bytes], received: ReceivedMessage) -> TaskOutcome:
         settings = self.deps.settings
         try:
-            stdin = tempfile.TemporaryFile()
-            if run.task.stdin:
-                stdin.write(run.task.stdin.encode())
-                stdin.seek(0)
-            with stdin:
+            with tempfile.TemporaryFile() as stdin:
+                if run.task.stdin:
+                    stdin.write(run.task.stdin.encode())
+                    stdin.seek(0)
                 proc = subprocess.Popen(  # noqa: S603 - argv list, no shell unless the job asked for one
                     run.task.command,
                     stdout=out,

@@ -25,7 +25,7 @@ from duetime.api_models import (
     SchedulePreviewResponse,
 )
 from duetime.deps import default_deps
-from duetime.errors import ConflictError, NotFoundError, ScheduleError
+from duetime.errors import ConflictError, NotFoundError, RequestFieldError, ScheduleError
 from duetime.observability import logger
 from duetime.store import JobExistsError
 
@@ -82,6 +82,11 @@ def _validation_error(exc: RequestValidationError) -> Response[str]:
 @app.exception_handler(ScheduleError)
 def _schedule_error(exc: ScheduleError) -> Response[str]:
     return error(400, "invalid_schedule", exc.message, exc.field)
+
+
+@app.exception_handler(RequestFieldError)
+def _field_error(exc: RequestFieldError) -> Response[str]:
+    return error(400, "invalid_field", exc.message, exc.field)
 
 
 @app.exception_handler(NotFoundError)

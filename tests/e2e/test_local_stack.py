@@ -133,3 +133,81 @@ def test_a_crontab_imports_as_jobs_that_run_with_its_env_and_stdin(stack: Stack,
     assert status == 201
     [run] = stack.wait_run(now_job["job_id"], {"SUCCEEDED"})
     assert stack.request("GET", f"/runs/{run['run_id']}/logs")[1] == "bonjour from cron\nline one\nline two\n"
+
+
+def _pids_running(pattern: str) -> list[str]:
+    """Pids whose command line contains ``pattern`` (bracketed so pgrep's own shell does not match)."""
+    return os.popen(f"pgrep -f '[{pattern[0]}]{pattern[1:]}'").read().split()
+
+
+def test_a_timeout_kills_the_task_and_triggers_the_handler_job(stack: Stack) -> None:
+    # Given job B, and job A (`sleep 300`, 3 s timeout) whose timeout triggers B
+    marker = f"sleep 3{os.getpid() % 100:02d}"  # a command line unique to this test
+    _, b = stack.request("POST", "/jobs", _job(["sh", "-c", "echo triggered by $DUETIME_TRIGGERED_BY"]))
+    stack.wait_run(b["job_id"], {"SUCCEEDED"})
+    body = _job(
+        ["sh", "-c", marker],
+        timeout_seconds=3,
+        on_timeout={"action": "trigger", "job_id": b["job_id"], "kill_grace_seconds": 1},
+    )
+    status, a = stack.request("POST", "/jobs", body)
+    assert status == 201, a
+    # Then A ends TIMED_OUT within a few seconds of its deadline, its sleep is gone, and B ran for it
+    [run] = stack.wait_run(a["job_id"], {"TIMED_OUT"}, timeout=20)
+    took = (_ts(run["finished_at"]) - _ts(run["started_at"])).total_seconds()
+    assert 3 <= took < 6
+    assert run["timeout_action"] == "trigger"
+    assert _pids_running(marker) == []
+    runs_b = stack.wait_run(b["job_id"], {"SUCCEEDED"}, count=2)
+    triggered = [r for r in runs_b if r["trigger"] == "timeout-handler"]
+    assert len(triggered) == 1
+    assert (
+        stack.request("GET", f"/runs/{triggered[0]['run_id']}/logs")[1].strip()
+        == f"triggered by {run['run_id']}"
+    )
+
+
+def test_a_stopped_worker_past_the_deadline_is_fenced_by_the_state_machine(stack: Stack) -> None:
+    # Given a 2 s-timeout job whose worker is frozen (SIGSTOP) while it runs
+    marker = f"sleep 2{os.getpid() % 100:02d}"
+    _, job = stack.request(
+        "POST",
+        "/jobs",
+        _job(
+            ["sh", "-c", marker],
+            timeout_seconds=2,
+            on_timeout={"action": "fail", "kill_grace_seconds": 1},
+            retry={"max_attempts": 1},
+        ),
+    )
+    [run] = stack.wait_run(job["job_id"], {"RUNNING"}, timeout=15)
+    pid = int(run["lease_owner"].split(":")[1])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # Then the sweeper starts the timeout handler, which fences the attempt: TIMED_OUT, token bumped
+        [run] = stack.wait_run(job["job_id"], {"TIMED_OUT"}, timeout=30)
+        assert run["timeout_execution"] and run["fencing_token"] == 2
+        state = json.loads((stack.workdir / ".duetime" / "local.json").read_text())
+        import boto3
+
+        sfn = boto3.client(
+            "stepfunctions",
+            endpoint_url=state["aws_endpoint"],
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        executions = sfn.list_executions(stateMachineArn=state["state_machines"]["timeout_handler"])[
+            "executions"
+        ]
+        assert run["timeout_execution"] in [e["name"] for e in executions]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # And after SIGCONT the worker's heartbeat or finish is rejected and its task's process tree is gone
+    deadline = time.monotonic() + 15
+    while _pids_running(marker) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert _pids_running(marker) == []
+    time.sleep(1.5)
+    _, final = stack.request("GET", f"/runs/{run['run_id']}")
+    assert final["state"] == "TIMED_OUT" and len(final["attempts"]) == 1

@@ -10,7 +10,7 @@ from duetime import jobs, runs
 from duetime.api_models import CreateJobRequest
 from duetime.deps import Deps
 from duetime.errors import LeaseLostError, StartRejectedError
-from duetime.models import ContainerTask, RetryPolicy, RunMessage, RunState
+from duetime.models import ContainerTask, OnTimeout, RetryPolicy, RunMessage, RunState
 from duetime.sweeper import sweep
 from duetime.worker import Worker
 from tests.helpers import drain
@@ -170,7 +170,12 @@ def test_a_backoff_beyond_the_sqs_delay_limit_is_released_by_the_sweeper_on_time
 
 
 def test_a_task_past_its_timeout_is_killed_and_timed_out(deps: Deps) -> None:
-    job_id = _submit(deps, ["sh", "-c", "echo started; sleep 30"], timeout_seconds=1)
+    job_id = _submit(
+        deps,
+        ["sh", "-c", "echo started; sleep 30"],
+        timeout_seconds=1,
+        on_timeout=OnTimeout(action="fail", kill_grace_seconds=1),
+    )
     Worker(deps, "small", owner="w1").poll_once()
     [run] = deps.store.list_runs(job_id)
     assert run.state is RunState.TIMED_OUT

@@ -15,6 +15,7 @@ from duetime.models import (
     Job,
     JobId,
     JobState,
+    OnTimeout,
     OverlapPolicy,
     RetryPolicy,
     Run,
@@ -48,6 +49,7 @@ class CreateJobRequest(BaseModel):
     task: ContainerTask
     timeout_seconds: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_SECONDS, description="per attempt, s")
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    on_timeout: OnTimeout = Field(default_factory=OnTimeout)
     catch_up: CatchUpPolicy = Field(default_factory=CatchUpPolicy)
     overlap: OverlapPolicy = Field(default_factory=OverlapPolicy)
     starting_deadline_seconds: int | None = Field(
@@ -69,6 +71,7 @@ class JobResponse(BaseModel):
     task: ContainerTask
     timeout_seconds: int
     retry: RetryPolicy
+    on_timeout: OnTimeout
     catch_up: CatchUpPolicy
     overlap: OverlapPolicy
     starting_deadline_seconds: int | None
@@ -100,6 +103,11 @@ class RunResponse(BaseModel):
     lease_owner: str | None
     lease_expires_at: Instant | None
     retry_at: Instant | None
+    deadline_at: Instant | None
+    triggered_by: str | None
+    timeout_action: str | None
+    timeout_outcome: str | None
+    timeout_execution: str | None
     dead_lettered: bool
     dead_lettered_at: Instant | None
     missed_slots: int

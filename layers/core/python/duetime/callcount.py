@@ -37,6 +37,8 @@ from botocore.config import Config
 
 #: Environment variable naming the directory that receives ``calls-<pid>.jsonl`` files.
 ENV_VAR = "DUETIME_CALL_COUNT_DIR"
+#: Set to ``light`` to skip the side reads (no DynamoDB write sizes): counts and durations only, for timing.
+MODE_ENV_VAR = "DUETIME_CALL_COUNT_MODE"
 
 WRITE_UNIT_BYTES = 1024
 READ_UNIT_BYTES = 4096
@@ -209,10 +211,11 @@ class _Recorder:
         self.service = service
         self.directory = directory
         self.label = _process_label()
+        self.light = os.environ.get(MODE_ENV_VAR) == "light"
 
     def before(self, params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
         state: dict[str, Any] = {"params": params, "t0": time.perf_counter()}
-        if self.service == "dynamodb" and model.name in _WRITE_OPS:
+        if self.service == "dynamodb" and model.name in _WRITE_OPS and not self.light:
             table = params["TableName"]
             key = params.get("Key") or _schema(table).key_of(params.get("Item", {}))
             state["old"] = _image(table, key)
@@ -253,7 +256,9 @@ class _Recorder:
     ) -> dict[str, Any]:
         params = state["params"]
         out: dict[str, Any] = {"table": params.get("TableName")}
-        if op in _WRITE_OPS:
+        if op in _WRITE_OPS and self.light:
+            pass
+        elif op in _WRITE_OPS:
             table = params["TableName"]
             old = state.get("old")
             out["old_bytes"] = item_size(old)

@@ -99,6 +99,7 @@ def new_run(job: Job, due_at: datetime, deps: Deps, *, trigger: Trigger, missed_
         task=job.task,
         timeout_seconds=job.timeout_seconds,
         retry=job.retry,
+        on_timeout=job.on_timeout,
         overlap=job.overlap,
         start_deadline_at=deadline,
         watch_at=watch_at,

@@ -49,3 +49,15 @@ class LeaseLostError(DuetimeError):
 
 class ConflictError(DuetimeError):
     """The request conflicts with the resource's current state (HTTP 409)."""
+
+
+class RequestFieldError(DuetimeError, ValueError):
+    """A request field is well-formed but refers to something that does not hold (HTTP 400).
+
+    ``field`` names it (dotted path, e.g. ``on_timeout.job_id``).
+    """
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 from duetime.api_models import CreateJobRequest, SchedulePreviewResponse
 from duetime.claims import claim_until, next_fire_after
 from duetime.deps import Deps
-from duetime.errors import ConflictError, NotFoundError, ScheduleError
+from duetime.errors import ConflictError, NotFoundError, RequestFieldError, ScheduleError
 from duetime.models import Job, JobState, Run, RunState, Trigger, parse_run_id
 from duetime.resources import ACTIVE_INDEX_PK, DEAD_LETTER_INDEX_PK
 from duetime.runs import message_for
@@ -41,10 +41,17 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
 
     Raises:
         ScheduleError: the expression or zone is invalid, or the schedule has no future fire.
+        RequestFieldError: ``on_timeout.job_id`` names no job of the caller's.
         JobExistsError: ``request.job_id`` is taken.
     """
     now = truncate_ms(deps.clock.now())
     job_id = request.job_id or new_job_id()
+    if request.on_timeout.action == "trigger":
+        target = deps.store.get_job(request.on_timeout.job_id or "")
+        if target is None or target.tenant != tenant:
+            raise RequestFieldError(
+                f"on_timeout.job_id: no job {request.on_timeout.job_id!r} to trigger", "on_timeout.job_id"
+            )
     anchor = now
     if request.schedule is not None:
         spec = request.schedule
@@ -61,6 +68,7 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
         task=request.task,
         timeout_seconds=request.timeout_seconds,
         retry=request.retry,
+        on_timeout=request.on_timeout,
         catch_up=request.catch_up,
         overlap=request.overlap,
         starting_deadline_seconds=request.starting_deadline_seconds,

@@ -12,7 +12,15 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    model_validator,
+)
 
 from duetime.timeutil import from_epoch_ms, to_epoch_ms, to_iso
 
@@ -130,6 +138,31 @@ class RetryPolicy(BaseModel):
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 
 
+class OnTimeout(BaseModel):
+    """What happens when an attempt outlives ``timeout_seconds`` ([S4] timeout handler).
+
+    ``retry`` (default): the timed-out attempt counts as a failed attempt under the retry policy (as in
+    Airflow and Temporal); ``fail``: the run ends TIMED_OUT with no retry (Kubernetes'
+    ``activeDeadlineSeconds``); ``trigger``: the run ends TIMED_OUT and a run of job ``job_id`` starts now
+    with ``DUETIME_TRIGGERED_BY`` = the timed-out run's id. The task's process group gets SIGTERM, then
+    SIGKILL after ``kill_grace_seconds``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    action: Literal["retry", "fail", "trigger"] = "retry"
+    job_id: JobId | None = Field(default=None, description="the job to trigger (action `trigger` only)")
+    kill_grace_seconds: float = Field(default=10.0, ge=0, le=300, description="SIGTERM to SIGKILL, s")
+
+    @model_validator(mode="after")
+    def _job_for_trigger(self) -> OnTimeout:
+        if self.action == "trigger" and self.job_id is None:
+            raise ValueError("action `trigger` needs the job_id of the job to trigger")
+        if self.action != "trigger" and self.job_id is not None:
+            raise ValueError(f"job_id is only for action `trigger`, not `{self.action}`")
+        return self
+
+
 class CatchUpPolicy(BaseModel):
     """What to do with slots missed while nothing ticked (an outage, a pause).
 
@@ -186,6 +219,7 @@ class Job(BaseModel):
     task: ContainerTask
     timeout_seconds: int
     retry: RetryPolicy
+    on_timeout: OnTimeout = Field(default_factory=OnTimeout)
     catch_up: CatchUpPolicy = Field(default_factory=CatchUpPolicy)
     overlap: OverlapPolicy = Field(default_factory=OverlapPolicy)
     starting_deadline_seconds: int | None = None
@@ -244,7 +278,17 @@ class Run(BaseModel):
     task: ContainerTask
     timeout_seconds: int
     retry: RetryPolicy
+    on_timeout: OnTimeout = Field(default_factory=OnTimeout)
     overlap: OverlapPolicy = Field(default_factory=OverlapPolicy)
+    #: RUNNING: when the current attempt's ``timeout_seconds`` run out (set at start).
+    deadline_at: Instant | None = None
+    #: the run whose timeout handler created this run (``DUETIME_TRIGGERED_BY``).
+    triggered_by: str | None = None
+    #: the timeout handler's action and what it did, once an attempt timed out
+    timeout_action: str | None = None
+    timeout_outcome: str | None = None
+    #: name of the timeout-handler state machine execution, when the sweeper had to start one
+    timeout_execution: str | None = None
     #: attempt 1 must start by this instant (due + starting_deadline_seconds) or the run is SKIPPED.
     start_deadline_at: Instant | None = None
     lease_owner: str | None = None
@@ -298,6 +342,9 @@ class RunMessage(BaseModel):
     attempt: int = Field(ge=1)
     #: the run's job has an overlap policy: starting it must look at the job's other active runs
     overlap: bool = False
+    #: the attempt's time limit and kill grace, seconds, so the start can record its deadline
+    timeout_seconds: int | None = None
+    kill_grace_seconds: float = 10.0
 
     @property
     def run_id(self) -> str:

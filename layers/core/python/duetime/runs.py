@@ -13,13 +13,14 @@ from contextlib import suppress
 from datetime import datetime, timedelta
 
 from duetime.deps import Deps
-from duetime.errors import LeaseLostError, StartRejectedError
-from duetime.models import AttemptRecord, Run, RunMessage, RunState
+from duetime.errors import AlreadyClaimedError, LeaseLostError, StartRejectedError
+from duetime.models import AttemptRecord, Run, RunMessage, RunState, Trigger
 from duetime.observability import emit_metric, logger
 from duetime.queue import delay_seconds
 from duetime.resources import SQS_MAX_DELAY_SECONDS
 from duetime.retries import backoff_delay
 from duetime.store import ConditionFailedError, Update, terminal_removals
+from duetime.timeutil import truncate_ms
 
 #: outcomes a worker may report at finish
 FINISH_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.TIMED_OUT})
@@ -52,6 +53,12 @@ def start(message: RunMessage, deps: Deps, *, owner: str) -> Run:
     if message.overlap:
         _apply_overlap(message, deps)
     lease_expires_at = now + timedelta(seconds=deps.settings.lease_seconds)
+    deadline_at = (
+        now + timedelta(seconds=message.timeout_seconds) if message.timeout_seconds is not None else None
+    )
+    watch_at = lease_expires_at
+    if deadline_at is not None:
+        watch_at = min(watch_at, handler_due_at(deadline_at, message.kill_grace_seconds, deps))
     try:
         return deps.store.start_run(
             message.job_id,
@@ -60,6 +67,8 @@ def start(message: RunMessage, deps: Deps, *, owner: str) -> Run:
             owner=owner,
             lease_expires_at=lease_expires_at,
             now=now,
+            deadline_at=deadline_at,
+            watch_at=watch_at,
         )
     except StartRejectedError:
         run = deps.store.get_run(message.job_id, message.due_at)
@@ -162,8 +171,19 @@ def after_terminal(run: Run, deps: Deps) -> None:
 def message_for(run: Run, *, attempt: int | None = None) -> RunMessage:
     """The wake-up message of ``run``'s current (or the given) attempt."""
     return RunMessage(
-        job_id=run.job_id, due_at=run.due_at, attempt=attempt or run.attempt, overlap=run.overlap.enforced
+        job_id=run.job_id,
+        due_at=run.due_at,
+        attempt=attempt or run.attempt,
+        overlap=run.overlap.enforced,
+        timeout_seconds=run.timeout_seconds,
+        kill_grace_seconds=run.on_timeout.kill_grace_seconds,
     )
+
+
+def handler_due_at(deadline_at: datetime, kill_grace_seconds: float, deps: Deps) -> datetime:
+    """When the sweeper steps in for an attempt past its deadline: the worker gets its kill grace plus one
+    heartbeat interval to enforce the timeout itself first."""
+    return deadline_at + timedelta(seconds=kill_grace_seconds + deps.settings.heartbeat_seconds)
 
 
 def heartbeat(run: Run, deps: Deps, *, fencing_token: int) -> Run:
@@ -173,8 +193,15 @@ def heartbeat(run: Run, deps: Deps, *, fencing_token: int) -> Run:
         LeaseLostError: the caller no longer holds the run; it must stop the task at once.
     """
     lease_expires_at = deps.clock.now() + timedelta(seconds=deps.settings.lease_seconds)
+    watch_at = lease_expires_at
+    if run.deadline_at is not None:
+        watch_at = min(watch_at, handler_due_at(run.deadline_at, run.on_timeout.kill_grace_seconds, deps))
     return deps.store.heartbeat(
-        run.job_id, run.due_at, fencing_token=fencing_token, lease_expires_at=lease_expires_at
+        run.job_id,
+        run.due_at,
+        fencing_token=fencing_token,
+        lease_expires_at=lease_expires_at,
+        watch_at=watch_at,
     )
 
 
@@ -191,9 +218,10 @@ def finish(
 ) -> Run:
     """Record the end of the current attempt under ``fencing_token``.
 
-    A FAILED attempt with attempts left goes to RETRY_WAIT (the sweeper re-queues it after the backoff);
-    without attempts left the run ends FAILED with ``dead_lettered`` set. SUCCEEDED and TIMED_OUT are
-    terminal.
+    A FAILED attempt with attempts left goes to RETRY_WAIT (its wake-up is sent delayed by the backoff);
+    without attempts left the run ends FAILED with ``dead_lettered`` set. A TIMED_OUT attempt follows the
+    job's ``on_timeout`` action: ``retry`` like a failure, ``fail`` terminal, ``trigger`` terminal plus a run
+    of the named job. SUCCEEDED is terminal.
 
     Args:
         run: the run as the caller last saw it (its key and attempt are used).
@@ -240,10 +268,46 @@ def finish(
         )
         logger.warning("stale finish rejected", extra={"run_id": run.run_id, "fencing_token": fencing_token})
         raise
-    send_retry_wake_up(ended, deps)
-    after_terminal(ended, deps)
-    _count_dead_letter(ended)
+    after_attempt_end(ended, deps)
     return ended
+
+
+def after_attempt_end(run: Run, deps: Deps) -> None:
+    """What follows an attempt's end, wherever it was decided (worker, sweeper, timeout handler)."""
+    send_retry_wake_up(run, deps)
+    if run.state is RunState.TIMED_OUT and run.on_timeout.action == "trigger":
+        trigger_on_timeout(run, deps)
+    if run.attempts and run.attempts[-1].state is RunState.TIMED_OUT:
+        emit_metric("RunTimedOut")
+    after_terminal(run, deps)
+    _count_dead_letter(run)
+
+
+def trigger_on_timeout(run: Run, deps: Deps) -> Run | None:
+    """Create (idempotently) the run of ``run.on_timeout.job_id`` that ``run``'s timeout triggers, due now.
+
+    Its due time is the timed-out attempt's deadline, so a repeated handler finds the same run instead of
+    making a second. Returns None if the job to trigger no longer exists or belongs to another tenant.
+    """
+    from duetime.claims import new_run  # claims imports this module
+
+    target_id = run.on_timeout.job_id
+    target = deps.store.get_job(target_id) if target_id else None
+    if target is None or target.tenant != run.tenant:
+        logger.error(
+            "timeout handler: job to trigger is gone", extra={"run_id": run.run_id, "job": target_id}
+        )
+        return None
+    due_at = truncate_ms(run.deadline_at or run.finished_at or deps.clock.now())
+    triggered = new_run(target, due_at, deps, trigger=Trigger.TIMEOUT_HANDLER).model_copy(
+        update={"triggered_by": run.run_id}
+    )
+    try:
+        deps.store.put_new_run(triggered)
+    except AlreadyClaimedError:
+        pass
+    deps.queues.send(triggered.task.tier, message_for(triggered))
+    return triggered
 
 
 def _count_dead_letter(run: Run) -> None:
@@ -297,7 +361,12 @@ def _attempt_end_update(
         if upd.sets[attr] is None:
             del upd.sets[attr]
             upd.removes.append(attr)
-    if outcome is RunState.FAILED and run.attempt < run.max_attempts:
+    retryable = outcome is RunState.FAILED or (
+        outcome is RunState.TIMED_OUT and run.on_timeout.action == "retry"
+    )
+    if outcome is RunState.TIMED_OUT:
+        upd.sets["timeout_action"] = run.on_timeout.action
+    if retryable and run.attempt < run.max_attempts:
         delay = backoff_delay(run.retry, run.attempt)
         retry_at = now + timedelta(seconds=delay)
         # a delayed message wakes the retry up directly; the sweeper is the backstop one grace period later
@@ -307,11 +376,19 @@ def _attempt_end_update(
             retry_at=retry_at,
             watch_at=retry_at + timedelta(seconds=backstop),
         )
-        upd.removes.extend(["lease_owner", "lease_expires_at"])
+        if outcome is RunState.TIMED_OUT:
+            upd.sets["timeout_outcome"] = f"attempt {run.attempt + 1} after a {delay:.1f} s backoff"
+        upd.removes.extend(["lease_owner", "lease_expires_at", "deadline_at"])
     else:
         upd.sets["state"] = outcome.value
-        if outcome is RunState.FAILED:
+        if retryable:  # out of attempts
             upd.sets.update(dead_lettered=True, dead_lettered_at=now, dead_letter_tenant=run.tenant)
+        if outcome is RunState.TIMED_OUT:
+            upd.sets["timeout_outcome"] = {
+                "retry": "no attempts left: dead-lettered",
+                "fail": "failed, no retry",
+                "trigger": f"triggered job {run.on_timeout.job_id}",
+            }[run.on_timeout.action]
         upd.removes.extend(terminal_removals())
     return upd
 
@@ -340,7 +417,5 @@ def expire_lease(run: Run, deps: Deps) -> Run:
     upd.adds["fencing_token"] = 1
     upd.extra_condition = f"{upd.name('lease_expires_at')} <= {upd.value('now', now)}"
     ended = deps.store.fenced_transition(run.job_id, run.due_at, fencing_token=run.fencing_token, update=upd)
-    send_retry_wake_up(ended, deps)
-    after_terminal(ended, deps)
-    _count_dead_letter(ended)
+    after_attempt_end(ended, deps)
     return ended

@@ -54,6 +54,8 @@ class Settings(BaseModel):
     kill_grace_seconds: float = Field(default=10.0, ge=0)
     #: retention of run rows (DynamoDB TTL), days.
     run_retention_days: int = Field(default=90, ge=1)
+    #: the timeout-handler state machine; unset = the sweeper applies the same plan in-process.
+    timeout_state_machine_arn: str | None = None
 
     @field_validator("queue_urls")
     @classmethod
@@ -90,6 +92,7 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_PENDING_GRACE_SECONDS": "pending_grace_seconds",
     "DUETIME_KILL_GRACE_SECONDS": "kill_grace_seconds",
     "DUETIME_RUN_RETENTION_DAYS": "run_retention_days",
+    "DUETIME_TIMEOUT_STATE_MACHINE_ARN": "timeout_state_machine_arn",
 }
 
 
@@ -132,5 +135,7 @@ def settings_to_env(settings: Settings) -> dict[str, str]:
     env: dict[str, str] = {}
     for var, field in ENV_VARS.items():
         value = getattr(settings, field)
+        if value is None:
+            continue
         env[var] = json.dumps(value) if isinstance(value, dict) else str(value)
     return env

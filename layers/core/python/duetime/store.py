@@ -443,6 +443,8 @@ class DynamoStore:
         owner: str,
         lease_expires_at: datetime,
         now: datetime,
+        deadline_at: datetime | None = None,
+        watch_at: datetime | None = None,
     ) -> Run:
         """Start ``attempt``: the run becomes RUNNING and its fencing token goes up by one.
 
@@ -468,8 +470,10 @@ class DynamoStore:
             lease_owner=owner,
             lease_expires_at=lease_expires_at,
             started_at=now,
-            watch_at=lease_expires_at,
+            watch_at=watch_at or lease_expires_at,
         )
+        if deadline_at is not None:
+            upd.sets["deadline_at"] = deadline_at
         upd.removes.append("retry_at")
         upd.adds["fencing_token"] = 1
         try:
@@ -480,7 +484,13 @@ class DynamoStore:
             ) from None
 
     def heartbeat(
-        self, job_id: str, due_at: datetime, *, fencing_token: int, lease_expires_at: datetime
+        self,
+        job_id: str,
+        due_at: datetime,
+        *,
+        fencing_token: int,
+        lease_expires_at: datetime,
+        watch_at: datetime | None = None,
     ) -> Run:
         """Extend the lease if ``fencing_token`` is still current and the run RUNNING.
 
@@ -488,7 +498,7 @@ class DynamoStore:
             LeaseLostError: the token is stale or the run is no longer RUNNING; stop the task.
         """
         upd = Update(conditions={"state": RunState.RUNNING.value, "fencing_token": fencing_token})
-        upd.sets.update(lease_expires_at=lease_expires_at, watch_at=lease_expires_at)
+        upd.sets.update(lease_expires_at=lease_expires_at, watch_at=watch_at or lease_expires_at)
         try:
             return self.update_run(job_id, due_at, upd)
         except ConditionFailedError:

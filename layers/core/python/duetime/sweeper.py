@@ -4,6 +4,8 @@ It reads only the watchdog GSI (non-terminal runs whose ``watch_at`` has passed)
 action is a conditional update, so running it twice at once is safe:
 - PENDING past due + grace: the message was lost (or is late); re-send it ([S0] "the run row is the truth"),
   unless attempt 1 is past its starting deadline: then it is SKIPPED.
+- RUNNING past its deadline (plus the worker's kill grace and one heartbeat): the worker is stuck or cut
+  off; the timeout-handler state machine fences the attempt and applies ``on_timeout`` (:mod:`timeouts`).
 - RUNNING with an expired lease: the attempt failed with reason ``worker_lost``; retry rules apply.
 - RETRY_WAIT whose wake-up did not start it: back to PENDING with attempt + 1, and a message is sent. (A
   failed attempt sends its retry's message itself, delayed by the backoff; the sweeper is the backstop one
@@ -20,8 +22,9 @@ from duetime.errors import LeaseLostError
 from duetime.models import Run, RunState
 from duetime.observability import logger
 from duetime.queue import delay_seconds
-from duetime.runs import expire_lease, message_for, skip
+from duetime.runs import expire_lease, handler_due_at, message_for, skip
 from duetime.store import ConditionFailedError, Update
+from duetime.timeouts import start_handler
 
 
 @dataclass
@@ -33,6 +36,7 @@ class SweepResult:
     leases_expired: int = 0
     retries_released: int = 0
     deadline_skipped: int = 0
+    timeouts_handled: int = 0
     skipped: int = 0
 
 
@@ -50,7 +54,12 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
                     _resend(run, deps)
                     result.resent += 1
             elif run.state is RunState.RUNNING:
-                if run.lease_expires_at is not None and run.lease_expires_at <= now:
+                if run.deadline_at is not None and now >= handler_due_at(
+                    run.deadline_at, run.on_timeout.kill_grace_seconds, deps
+                ):
+                    start_handler(run, deps)
+                    result.timeouts_handled += 1
+                elif run.lease_expires_at is not None and run.lease_expires_at <= now:
                     expire_lease(run, deps)
                     result.leases_expired += 1
                     logger.warning("lease expired", extra={"run_id": run.run_id, "attempt": run.attempt})

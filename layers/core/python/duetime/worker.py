@@ -63,6 +63,8 @@ def task_env(run: Run) -> dict[str, str]:
         DUETIME_FENCING_TOKEN=str(run.fencing_token),
         DUETIME_DUE_AT=run.due_at.isoformat(),
     )
+    if run.triggered_by:
+        env["DUETIME_TRIGGERED_BY"] = run.triggered_by
     return env
 
 
@@ -237,7 +239,7 @@ class Worker:
                     exit_code=proc.returncode, timed_out=False, lease_lost=False, error="worker stopped"
                 )
             if now >= deadline:
-                kill_group(proc, settings.kill_grace_seconds)
+                kill_group(proc, run.on_timeout.kill_grace_seconds)
                 out.write(
                     f"\nduetime: timed out after {run.timeout_seconds} s; process group killed\n".encode()
                 )

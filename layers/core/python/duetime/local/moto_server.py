@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -53,6 +54,11 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = make_server(args.host, args.port, make_app(), threaded=True, request_handler=MotoRequestHandler)
+    # Step Functions' service integrations inside moto call back into this server on MOTO_PORT
+    os.environ["MOTO_PORT"] = str(server.server_port)
+    from moto.moto_api._internal.models import moto_api_backend
+
+    moto_api_backend.set_config({"stepfunctions": {"execute_state_machine": True}})
     print(f"PORT {server.server_port}", flush=True)
     try:
         server.serve_forever()

@@ -91,6 +91,10 @@ class LocalStack:
 
         aws.reset_clients()
         queue_urls = create_all(names)
+        self._enable_step_functions()
+        from duetime.timeouts import create_state_machine
+
+        state_machine_arn = create_state_machine(f"{opts.prefix}-timeout-handler")
         settings = Settings(
             jobs_table=names.jobs_table,
             runs_table=names.runs_table,
@@ -102,6 +106,7 @@ class LocalStack:
             lease_seconds=opts.lease_seconds,
             heartbeat_seconds=opts.heartbeat_seconds,
             pending_grace_seconds=opts.pending_grace_seconds,
+            timeout_state_machine_arn=state_machine_arn,
         )
         self.env = {
             **LOCAL_AWS_ENV,
@@ -151,6 +156,17 @@ class LocalStack:
             raise RuntimeError(f"moto server did not start (said {line!r})")
         self.aws_endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
 
+    def _enable_step_functions(self) -> None:
+        """moto executes state machines only when told to (also when reusing a server it did not start)."""
+        request = urllib.request.Request(
+            f"{self.aws_endpoint}/moto-api/config",
+            data=json.dumps({"stepfunctions": {"execute_state_machine": True}}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
     def _start_api(self) -> None:
         from werkzeug.serving import make_server
 
@@ -174,6 +190,7 @@ class LocalStack:
             "region": LOCAL_AWS_ENV["AWS_DEFAULT_REGION"],
             "tables": {"jobs": names.jobs_table, "runs": names.runs_table},
             "bucket": names.logs_bucket,
+            "state_machines": {"timeout_handler": self.env.get("DUETIME_TIMEOUT_STATE_MACHINE_ARN")},
             "queues": queue_urls,
             "queue_names": names.queues,
             "dead_letter_queues": names.dead_letter_queues,

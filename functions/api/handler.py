@@ -6,6 +6,7 @@ Thin: parse, call one service in ``duetime.jobs``, map the result. Errors are JS
 
 from __future__ import annotations
 
+import base64
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -178,15 +179,56 @@ def preview_schedule(
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return app.resolve(json_bodies(event), context)
+    problem = unreadable_body(event)
+    if problem is not None:
+        return {
+            "statusCode": 400,
+            "headers": {"Content-Type": content_types.APPLICATION_JSON},
+            "body": ErrorResponse.model_validate(
+                {"error": {"code": "invalid_json", "message": problem, "field": "body"}}
+            ).model_dump_json(),
+            "isBase64Encoded": False,
+        }
+    return app.resolve(as_json(event), context)
 
 
-def json_bodies(event: dict[str, Any]) -> dict[str, Any]:
-    """The API speaks only JSON: a body sent as a form (curl -d's default content type) is read as JSON."""
+#: Deepest JSON nesting accepted in a body (Python's parser recurses; no Duetime body needs more than ~6).
+MAX_JSON_DEPTH = 32
+
+
+def unreadable_body(event: dict[str, Any]) -> str | None:
+    """Why the body cannot be read as JSON (not UTF-8, malformed, nested too deep), or None if it can."""
+    body = event.get("body")
+    if not body:
+        return None
+    raw: bytes | str = base64.b64decode(body) if event.get("isBase64Encoded") else body
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except (UnicodeDecodeError, ValueError):
+        return "the request body is not UTF-8 text"
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:  # nesting depth without recursion: count brackets outside strings
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    if deepest > MAX_JSON_DEPTH:
+        return f"the request body nests deeper than {MAX_JSON_DEPTH} levels"
+    return None
+
+
+def as_json(event: dict[str, Any]) -> dict[str, Any]:
+    """The API speaks only JSON: a body is read as JSON whatever its declared content type (curl -d sends a
+    form type by default)."""
     headers = event.get("headers") or {}
-    if event.get("body") and headers.get("content-type", "").startswith(FORM_CONTENT_TYPES):
+    if event.get("body") and not headers.get("content-type", "").startswith("application/json"):
         event = {**event, "headers": {**headers, "content-type": "application/json"}}
+    if event.get("isBase64Encoded") and event.get("body"):
+        event = {**event, "body": base64.b64decode(event["body"]).decode("utf-8"), "isBase64Encoded": False}
     return event
-
-
-FORM_CONTENT_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data", "text/plain")

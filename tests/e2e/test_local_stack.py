@@ -42,8 +42,8 @@ def test_a_run_now_job_succeeds_and_its_log_names_its_run(stack: Stack) -> None:
 
 
 def test_an_at_job_is_claimed_by_the_tick_and_starts_on_time(stack: Stack) -> None:
-    # Given a one-off due 4 s from now, beyond the 1 s tick's lookahead at submit time
-    due = (datetime.now(UTC) + timedelta(seconds=4)).replace(microsecond=0)
+    # Given a one-off due 8 s from now, beyond the 1 s tick's 3 s lookahead at submit time
+    due = (datetime.now(UTC) + timedelta(seconds=8)).replace(microsecond=0)
     body = _job(["true"], {"expression": f"at({due:%Y-%m-%dT%H:%M:%S})", "timezone": "UTC"})
     status, job = stack.request("POST", "/jobs", body)
     assert status == 201 and _ts(job["next_fire_at"]) == due

@@ -114,6 +114,50 @@ def test_healthz(api: ModuleType) -> None:
     assert call(api, "GET", "/healthz")[:2] == (200, {"status": "ok"})
 
 
+@pytest.mark.parametrize(
+    "raw",
+    ["\udcff", '{"name": ' + "[" * 2000 + "]" * 2000 + "}"],
+    ids=["not-utf8", "nested-2000-deep"],
+)
+def test_unreadable_bodies_are_a_400_not_a_500(api: ModuleType, raw: str) -> None:
+    from duetime.local.lambda_runtime import LocalLambdaContext
+    from tests.helpers import http_event
+
+    event = http_event("POST", "/jobs")
+    if raw == "\udcff":
+        import base64
+
+        event.update(body=base64.b64encode(b"\xff\xfe{").decode(), isBase64Encoded=True)
+    else:
+        event["body"] = raw
+    result = api.lambda_handler(event, LocalLambdaContext("api"))
+    assert result["statusCode"] == 400 and '"field":"body"' in result["body"]
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"timeout_seconds": "10"}, "timeout_seconds"),
+        ({"timeout_seconds": True}, "timeout_seconds"),
+        ({"retry": {"max_attempts": 2.0}}, "retry.max_attempts"),
+        ({"schedule": {"expression": "rate(1 hour)", "start_at": 1700000000}}, "schedule.start_at"),
+        ({"name": "   "}, "name"),
+        ({"task": {"command": ["a\u0000b"]}}, "task.command.0"),
+        ({"task": {"command": ["true"], "env": {"A": "x\u0000"}}}, "task.env.A"),
+        ({"task": {"command": ["echo"] + ["x" * 8000] * 20}}, "task"),
+    ],
+)
+def test_loose_or_unrunnable_values_are_refused(api: ModuleType, patch: dict, field: str) -> None:
+    status, answer, _ = call(api, "POST", "/jobs", {**HELLO, **patch})
+    assert status == 400, answer
+    assert answer["error"]["field"] == field
+
+
+def test_an_out_of_range_run_id_is_a_404(api: ModuleType) -> None:
+    assert call(api, "GET", "/runs/cron5.99999999999999999999999")[0] == 404
+    assert call(api, "GET", "/runs/job-x.9999999999999999/logs")[0] == 404
+
+
 def test_a_json_body_sent_as_a_form_is_read_as_json(api: ModuleType) -> None:
     # curl -d sends application/x-www-form-urlencoded unless told otherwise
     from duetime.local.lambda_runtime import LocalLambdaContext

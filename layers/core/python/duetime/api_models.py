@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from duetime.models import (
     MAX_TIMEOUT_SECONDS,
@@ -22,6 +22,7 @@ from duetime.models import (
     RunEvent,
     RunState,
     ScheduleSpec,
+    SInt,
     Trigger,
 )
 
@@ -44,15 +45,15 @@ class CreateJobRequest(BaseModel):
     )
 
     job_id: JobId | None = Field(default=None, description="Your own id; generated when omitted")
-    name: str = Field(min_length=1, max_length=128)
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)]
     schedule: ScheduleSpec | None = None
     task: ContainerTask
-    timeout_seconds: int = Field(default=3600, ge=1, le=MAX_TIMEOUT_SECONDS, description="per attempt, s")
+    timeout_seconds: SInt = Field(default=3600, ge=1, le=MAX_TIMEOUT_SECONDS, description="per attempt, s")
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     on_timeout: OnTimeout = Field(default_factory=OnTimeout)
     catch_up: CatchUpPolicy = Field(default_factory=CatchUpPolicy)
     overlap: OverlapPolicy = Field(default_factory=OverlapPolicy)
-    starting_deadline_seconds: int | None = Field(
+    starting_deadline_seconds: SInt | None = Field(
         default=None,
         ge=1,
         le=MAX_TIMEOUT_SECONDS,

@@ -124,16 +124,17 @@ def get_run(run_id: str, *, tenant: str, deps: Deps) -> Run:
 def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = None) -> str:
     """The combined stdout+stderr of one attempt of the caller's run (default: the latest that has a log).
 
-    Returns an empty string while no log exists yet (the attempt has not finished).
+    Returns an empty string while the current attempt has no log yet (it has not finished).
 
     Raises:
-        NotFoundError: the run is not the caller's, or ``attempt`` never happened.
+        NotFoundError: the run is not the caller's, or ``attempt`` never happened or left no log (its
+            worker was lost before uploading one).
     """
     run = get_run(run_id, tenant=tenant, deps=deps)
     keys = {a.attempt: a.log_key for a in run.attempts if a.log_key}
     if attempt is not None:
-        if attempt < 1 or attempt > run.attempt:
-            raise NotFoundError("attempt", f"{run_id}#{attempt}")
+        if attempt < 1 or attempt > run.attempt or (attempt not in keys and attempt < run.attempt):
+            raise NotFoundError("log of attempt", f"{run_id}#{attempt}")
         key = keys.get(attempt)
     else:
         key = keys[max(keys)] if keys else None

@@ -16,13 +16,35 @@ from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainSerializer,
+    Strict,
     model_validator,
 )
 
 from duetime.timeutil import from_epoch_ms, to_epoch_ms, to_iso
+
+#: Numbers in requests are numbers: "10" or true is not accepted where an integer or float is expected.
+SInt = Annotated[int, Strict()]
+SFloat = Annotated[float, Strict()]
+
+
+def _no_epoch_numbers(value: object) -> object:
+    if isinstance(value, int | float):
+        raise ValueError(
+            "give an ISO-8601 instant with a UTC offset, e.g. 2026-12-01T10:00:00Z, not a number"
+        )
+    return value
+
+
+#: An instant in a request: ISO-8601 with an offset; epoch numbers are refused (seconds or milliseconds?).
+RequestInstant = Annotated[
+    AwareDatetime,
+    BeforeValidator(_no_epoch_numbers),
+    PlainSerializer(lambda d: to_iso(d), return_type=str, when_used="json"),
+]
 
 #: An aware instant, shown in JSON as fixed-width UTC with milliseconds: ``2026-11-29T18:52:10.123Z``.
 Instant = Annotated[AwareDatetime, PlainSerializer(to_iso, return_type=str, when_used="json")]
@@ -79,6 +101,20 @@ def _no_empty_args(argv: list[str]) -> list[str]:
     return argv
 
 
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("must not contain a NUL character (no process can receive one)")
+    return text
+
+
+#: a string handed to a process (argv element, environment value, stdin): no NUL characters
+ProcessText = Annotated[str, AfterValidator(_no_nul)]
+
+#: Most bytes of command + env + stdin in one task: the task is copied into every run record, and a
+#: DynamoDB item holds at most 400 KB with its attempt history.
+MAX_TASK_BYTES = 96 * 1024
+
+
 class ScheduleSpec(BaseModel):
     """When a job fires. ``None`` instead of a schedule means "run once, now"."""
 
@@ -93,8 +129,8 @@ class ScheduleSpec(BaseModel):
     timezone: str = Field(
         default="UTC", min_length=1, max_length=64, description="IANA time zone name", examples=["UTC"]
     )
-    start_at: Instant | None = Field(default=None, description="No fire before this instant")
-    end_at: Instant | None = Field(default=None, description="No fire after this instant")
+    start_at: RequestInstant | None = Field(default=None, description="No fire before this instant")
+    end_at: RequestInstant | None = Field(default=None, description="No fire after this instant")
     dst_policy: Literal["shift", "skip"] = Field(
         default="shift",
         description="a fixed-time fire inside a spring-forward gap: `shift` runs it when the gap ends "
@@ -109,17 +145,28 @@ class ContainerTask(BaseModel):
 
     kind: Literal["container"] = "container"
     command: Annotated[
-        list[Annotated[str, Field(max_length=8192)]],
+        list[Annotated[ProcessText, Field(max_length=8192)]],
         Field(min_length=1, max_length=256),
         AfterValidator(_no_empty_args),
     ] = Field(description="argv list", examples=[["sh", "-c", "echo hello $DUETIME_RUN_ID"]])
-    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)], str] = Field(
-        default_factory=dict, description="extra environment variables for the task"
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)], ProcessText] = (
+        Field(default_factory=dict, description="extra environment variables for the task")
     )
     tier: Tier = Field(default="small", description="resource tier: which worker fleet runs it")
-    stdin: str | None = Field(
+    stdin: ProcessText | None = Field(
         default=None, max_length=65536, description="text fed to the task's standard input (cron's `%` lines)"
     )
+
+    @model_validator(mode="after")
+    def _fits_a_run_record(self) -> ContainerTask:
+        size = sum(len(a.encode()) for a in self.command)
+        size += sum(len(k.encode()) + len(v.encode()) for k, v in self.env.items())
+        size += len(self.stdin.encode()) if self.stdin else 0
+        if size > MAX_TASK_BYTES:
+            raise ValueError(
+                f"command, env and stdin together are {size // 1024} KB; at most {MAX_TASK_BYTES // 1024} KB fit"
+            )
+        return self
 
 
 class RetryPolicy(BaseModel):
@@ -127,10 +174,10 @@ class RetryPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_attempts: int = Field(default=3, ge=1, le=100, description="attempts in all, the first included")
-    backoff_seconds: float = Field(default=10.0, ge=0, le=86400, description="delay before attempt 2, s")
-    backoff_multiplier: float = Field(default=4.0, ge=1, le=100)
-    max_backoff_seconds: float = Field(default=900.0, ge=0, le=7 * 86400, description="cap on any delay, s")
+    max_attempts: SInt = Field(default=3, ge=1, le=100, description="attempts in all, the first included")
+    backoff_seconds: SFloat = Field(default=10.0, ge=0, le=86400, description="delay before attempt 2, s")
+    backoff_multiplier: SFloat = Field(default=4.0, ge=1, le=100)
+    max_backoff_seconds: SFloat = Field(default=900.0, ge=0, le=7 * 86400, description="cap on any delay, s")
     jitter: Literal["full", "none"] = Field(default="full", description="full jitter (AWS) or none")
 
 
@@ -152,7 +199,7 @@ class OnTimeout(BaseModel):
 
     action: Literal["retry", "fail", "trigger"] = "retry"
     job_id: JobId | None = Field(default=None, description="the job to trigger (action `trigger` only)")
-    kill_grace_seconds: float = Field(default=10.0, ge=0, le=300, description="SIGTERM to SIGKILL, s")
+    kill_grace_seconds: SFloat = Field(default=10.0, ge=0, le=300, description="SIGTERM to SIGKILL, s")
 
     @model_validator(mode="after")
     def _job_for_trigger(self) -> OnTimeout:
@@ -175,7 +222,7 @@ class CatchUpPolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     policy: Literal["latest", "all", "none"] = "latest"
-    max_runs: int = Field(default=100, ge=1, le=1000, description="bound on backfilled runs for `all`")
+    max_runs: SInt = Field(default=100, ge=1, le=1000, description="bound on backfilled runs for `all`")
 
 
 class OverlapPolicy(BaseModel):
@@ -192,7 +239,7 @@ class OverlapPolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     policy: Literal["allow", "skip", "buffer_one", "cancel_previous"] = "allow"
-    max_concurrency: int | None = Field(default=None, ge=1, le=1000)
+    max_concurrency: SInt | None = Field(default=None, ge=1, le=1000)
 
     @property
     def enforced(self) -> bool:
@@ -327,9 +374,12 @@ def parse_run_id(run_id: str) -> tuple[str, datetime]:
         ValueError: if ``run_id`` is not ``<job_id>.<epoch ms>``.
     """
     job_id, sep, ms = run_id.rpartition(".")
-    if not sep or not ms.isdigit() or not _JOB_ID_RE.match(job_id):
+    if not sep or not ms.isdigit() or len(ms) > 15 or not _JOB_ID_RE.match(job_id):
         raise ValueError(f"malformed run id {run_id!r}")
-    return job_id, from_epoch_ms(int(ms))
+    try:
+        return job_id, from_epoch_ms(int(ms))
+    except (OverflowError, OSError, ValueError):
+        raise ValueError(f"malformed run id {run_id!r}: due time out of range") from None
 
 
 class RunMessage(BaseModel):

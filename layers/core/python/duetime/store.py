@@ -474,7 +474,8 @@ class DynamoStore:
         )
         if deadline_at is not None:
             upd.sets["deadline_at"] = deadline_at
-        upd.removes.append("retry_at")
+        # the previous attempt's outcome stays in `attempts`, not on the run being retried
+        upd.removes.extend(["retry_at", "finished_at", "exit_code", "error"])
         upd.adds["fencing_token"] = 1
         try:
             return self.update_run(job_id, due_at, upd)

@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 from duetime.deps import Deps
@@ -30,6 +31,7 @@ from duetime.observability import logger
 from duetime.queue import ReceivedMessage
 from duetime.resources import QUEUE_VISIBILITY_SECONDS
 from duetime.runs import finish, heartbeat, start
+from duetime.timeutil import to_iso
 
 #: Largest log uploaded per attempt, bytes; longer output keeps its head and tail.
 MAX_LOG_BYTES = 4 * 1024 * 1024
@@ -47,6 +49,13 @@ class TaskOutcome:
     error: str | None = None
 
 
+def _task_marker() -> Path | None:
+    """Where this worker notes its running task's process group (local stack only: the supervisor kills it
+    if the worker dies, as a container's exit would)."""
+    directory = os.environ.get("DUETIME_WORKER_STATE_DIR")
+    return Path(directory) / f"{os.getpid()}.task" if directory else None
+
+
 def worker_id() -> str:
     """``<hostname>:<pid>:<random>``, recorded as the lease owner."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -61,7 +70,7 @@ def task_env(run: Run) -> dict[str, str]:
         DUETIME_JOB_ID=run.job_id,
         DUETIME_ATTEMPT=str(run.attempt),
         DUETIME_FENCING_TOKEN=str(run.fencing_token),
-        DUETIME_DUE_AT=run.due_at.isoformat(),
+        DUETIME_DUE_AT=to_iso(run.due_at),
     )
     if run.triggered_by:
         env["DUETIME_TRIGGERED_BY"] = run.triggered_by
@@ -204,7 +213,6 @@ class Worker:
         return finished
 
     def _run_task(self, run: Run, token: int, out: IO[bytes], received: ReceivedMessage) -> TaskOutcome:
-        settings = self.deps.settings
         try:
             with tempfile.TemporaryFile() as stdin:
                 if run.task.stdin:
@@ -218,9 +226,23 @@ class Worker:
                     env=task_env(run),
                     start_new_session=True,
                 )
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             out.write(f"duetime: cannot start {run.task.command[0]!r}: {exc}\n".encode())
             return TaskOutcome(exit_code=127, timed_out=False, lease_lost=False, error=f"cannot start: {exc}")
+        marker = _task_marker()
+        if marker is not None:
+            marker.write_text(str(proc.pid))  # the task's process group: reaped if this worker dies
+        try:
+            return self._supervise(run, token, out, received, proc)
+        finally:
+            if marker is not None:
+                marker.unlink(missing_ok=True)
+
+    def _supervise(
+        self, run: Run, token: int, out: IO[bytes], received: ReceivedMessage, proc: subprocess.Popen[bytes]
+    ) -> TaskOutcome:
+        """Wait for the task, heartbeating and enforcing its deadline; stop it if the lease is lost."""
+        settings = self.deps.settings
         deadline = time.monotonic() + run.timeout_seconds
         next_beat = time.monotonic() + settings.heartbeat_seconds
         while True:

@@ -13,6 +13,7 @@ runs until SIGINT/SIGTERM, then stops every process it started.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -148,6 +149,7 @@ class LocalStack:
             stdout=subprocess.PIPE,
             stderr=None if self.options.verbose else subprocess.DEVNULL,
             text=True,
+            start_new_session=True,  # Ctrl-C reaches only this process, which stops moto last
         )
         assert self._moto.stdout is not None
         line = self._moto.stdout.readline().strip()
@@ -234,16 +236,38 @@ class LocalStack:
     def _spawn_worker(self, tier: str) -> None:
         proc = subprocess.Popen(
             [sys.executable, "-m", "duetime", "worker", "--tier", tier],
-            env={**os.environ, **self.env, "DUETIME_WORKER_ECHO": "1"},
+            env={
+                **os.environ,
+                **self.env,
+                "DUETIME_WORKER_ECHO": "1",
+                "DUETIME_WORKER_STATE_DIR": str(self._worker_dir()),
+            },
             start_new_session=True,
         )
         self._workers.append((tier, proc))
+
+    def _worker_dir(self) -> Path:
+        path = self.options.state_file.parent / "workers"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _reap_task_of(self, pid: int) -> None:
+        """A dead worker's task dies with it, as in a Fargate task whose container exits."""
+        marker = self._worker_dir() / f"{pid}.task"
+        try:
+            pgid = int(marker.read_text())
+        except (OSError, ValueError):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        marker.unlink(missing_ok=True)
 
     def _start_supervisor(self) -> None:
         def loop() -> None:
             while not self._stopping.wait(1.0):
                 for i, (tier, proc) in enumerate(list(self._workers)):
                     if proc.poll() is not None and not self._stopping.is_set():
+                        self._reap_task_of(proc.pid)
                         print(
                             f"worker {proc.pid} ({tier}) exited with {proc.returncode}; restarting",
                             flush=True,
@@ -318,6 +342,8 @@ class LocalStack:
             self._api_server.shutdown()
         for thread in self._threads:
             thread.join(timeout=5)
+        for _, proc in self._workers:
+            self._reap_task_of(proc.pid)
         if self._moto is not None and self._moto.poll() is None:
             self._moto.terminate()
             try:
@@ -325,3 +351,7 @@ class LocalStack:
             except subprocess.TimeoutExpired:
                 self._moto.kill()
                 self._moto.wait()
+        with contextlib.suppress(OSError):
+            # only our own state file: it points at ports that are now closed
+            if json.loads(self.options.state_file.read_text()).get("pid") == os.getpid():
+                self.options.state_file.unlink()

@@ -20,13 +20,16 @@ from duetime import jobs
 from duetime.api_models import (
     CreateJobRequest,
     ErrorResponse,
+    JobListResponse,
     JobResponse,
     RunListResponse,
     RunResponse,
     SchedulePreviewResponse,
+    UpdateJobRequest,
 )
 from duetime.deps import default_deps
 from duetime.errors import ConflictError, NotFoundError, RequestFieldError, ScheduleError
+from duetime.models import Job, JobState, RunState
 from duetime.observability import logger
 from duetime.store import JobExistsError
 
@@ -121,20 +124,102 @@ def create_job(body: CreateJobRequest) -> Response[str]:
     return Response(
         status_code=201,
         content_type=content_types.APPLICATION_JSON,
-        body=JobResponse.of(job).model_dump_json(),
+        body=_job_response(job).model_dump_json(),
         headers={"Location": f"/jobs/{job.job_id}"},
     )
 
 
+@app.get("/jobs")
+def list_jobs(
+    state: Annotated[JobState | None, Query()] = None,
+    name_prefix: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    next_token: Annotated[str | None, Query(max_length=2048)] = None,
+) -> JobListResponse:
+    deps = default_deps()
+    found, token = jobs.list_jobs(
+        tenant=current_tenant(),
+        deps=deps,
+        limit=limit,
+        next_token=next_token,
+        state=state.value if state else None,
+        name_prefix=name_prefix,
+    )
+    return JobListResponse(jobs=[_job_response(j) for j in found], next_token=token)
+
+
+def _job_response(job: Job) -> JobResponse:
+    fires, last = jobs.describe_job(job, default_deps())
+    return JobResponse.of(job, next_fire_times=fires, last_run=last)
+
+
 @app.get("/jobs/<job_id>")
 def get_job(job_id: str) -> JobResponse:
-    return JobResponse.of(jobs.get_job(job_id, tenant=current_tenant(), deps=default_deps()))
+    return _job_response(jobs.get_job(job_id, tenant=current_tenant(), deps=default_deps()))
+
+
+@app.patch("/jobs/<job_id>")
+def update_job(job_id: str, body: UpdateJobRequest) -> JobResponse:
+    return _job_response(jobs.update_job(job_id, body, tenant=current_tenant(), deps=default_deps()))
+
+
+@app.delete("/jobs/<job_id>")
+def delete_job(job_id: str, cancel_running: Annotated[bool, Query()] = False) -> JobResponse:
+    job = jobs.delete_job(job_id, tenant=current_tenant(), deps=default_deps(), cancel_running=cancel_running)
+    return _job_response(job)
+
+
+@app.post("/jobs/<job_id>/pause")
+def pause_job(job_id: str) -> JobResponse:
+    return _job_response(jobs.pause_job(job_id, tenant=current_tenant(), deps=default_deps()))
+
+
+@app.post("/jobs/<job_id>/resume")
+def resume_job(job_id: str) -> JobResponse:
+    return _job_response(jobs.resume_job(job_id, tenant=current_tenant(), deps=default_deps()))
+
+
+@app.post("/jobs/<job_id>/trigger")
+def trigger_job(job_id: str, ignore_overlap: Annotated[bool, Query()] = False) -> Response[str]:
+    run = jobs.trigger_job(
+        job_id, tenant=current_tenant(), deps=default_deps(), ignore_overlap=ignore_overlap
+    )
+    return Response(
+        status_code=202,
+        content_type=content_types.APPLICATION_JSON,
+        body=RunResponse.of(run).model_dump_json(),
+        headers={"Location": f"/runs/{run.run_id}"},
+    )
 
 
 @app.get("/jobs/<job_id>/runs")
-def list_runs(job_id: str, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> RunListResponse:
-    runs = jobs.list_runs(job_id, tenant=current_tenant(), deps=default_deps(), limit=limit)
-    return RunListResponse(runs=[RunResponse.of(r) for r in runs])
+def list_runs(
+    job_id: str,
+    state: Annotated[RunState | None, Query()] = None,
+    since: Annotated[datetime | None, Query(description="due at or after, ISO-8601 with offset")] = None,
+    until: Annotated[datetime | None, Query(description="due at or before, ISO-8601 with offset")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    next_token: Annotated[str | None, Query(max_length=2048)] = None,
+) -> RunListResponse:
+    for name, value in (("since", since), ("until", until)):
+        if value is not None and value.tzinfo is None:
+            raise RequestFieldError(f"{name}: needs a UTC offset, e.g. 2026-12-01T10:00:00Z", name)
+    found, token = jobs.query_runs(
+        job_id,
+        tenant=current_tenant(),
+        deps=default_deps(),
+        limit=limit,
+        next_token=next_token,
+        state=state.value if state else None,
+        since=since,
+        until=until,
+    )
+    return RunListResponse(runs=[RunResponse.of(r) for r in found], next_token=token)
+
+
+@app.post("/runs/<run_id>/cancel")
+def cancel_run(run_id: str) -> RunResponse:
+    return RunResponse.of(jobs.cancel_run(run_id, tenant=current_tenant(), deps=default_deps()))
 
 
 @app.get("/runs/<run_id>")

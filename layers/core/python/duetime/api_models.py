@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -61,6 +62,33 @@ class CreateJobRequest(BaseModel):
     )
 
 
+class UpdateJobRequest(BaseModel):
+    """``PATCH /jobs/{job_id}`` body: the fields to change (others keep their values). A schedule change
+    recomputes ``next_fire_at`` from now and never fires a slot that was already claimed again."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)] | None = None
+    schedule: ScheduleSpec | None = None
+    task: ContainerTask | None = None
+    timeout_seconds: SInt | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
+    retry: RetryPolicy | None = None
+    on_timeout: OnTimeout | None = None
+    catch_up: CatchUpPolicy | None = None
+    overlap: OverlapPolicy | None = None
+    starting_deadline_seconds: SInt | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
+
+
+class RunSummary(BaseModel):
+    """A job's most recent run, in brief."""
+
+    run_id: str
+    due_at: Instant
+    state: RunState
+    exit_code: int | None
+    finished_at: Instant | None
+
+
 class JobResponse(BaseModel):
     """A job as the API shows it."""
 
@@ -78,12 +106,29 @@ class JobResponse(BaseModel):
     starting_deadline_seconds: int | None
     missed_slots: int
     next_fire_at: Instant | None
+    next_fire_times: list[Instant] = Field(default_factory=list, description="the next few fires, UTC")
+    last_run: RunSummary | None = None
+    version: int
     created_at: Instant
     updated_at: Instant
 
     @classmethod
-    def of(cls, job: Job) -> JobResponse:
-        return cls.model_validate(job.model_dump(exclude={"shard", "anchor", "version"}))
+    def of(
+        cls, job: Job, *, next_fire_times: list[datetime] | None = None, last_run: Run | None = None
+    ) -> JobResponse:
+        data = job.model_dump(exclude={"shard", "anchor", "paused_next_fire_at"})
+        data["next_fire_times"] = next_fire_times or []
+        if last_run is not None:
+            data["last_run"] = RunSummary(
+                run_id=last_run.run_id, due_at=last_run.due_at, state=last_run.state,
+                exit_code=last_run.exit_code, finished_at=last_run.finished_at,
+            )
+        return cls.model_validate(data)
+
+
+class JobListResponse(BaseModel):
+    jobs: list[JobResponse]
+    next_token: str | None = Field(description="pass as next_token for the next page; null on the last")
 
 
 class RunResponse(BaseModel):
@@ -139,6 +184,7 @@ class RunResponse(BaseModel):
 
 class RunListResponse(BaseModel):
     runs: list[RunResponse]
+    next_token: str | None = None
 
 
 class ErrorBody(BaseModel):

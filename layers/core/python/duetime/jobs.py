@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 import zlib
 from datetime import datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
-from duetime.api_models import CreateJobRequest, SchedulePreviewResponse
+from duetime.api_models import CreateJobRequest, SchedulePreviewResponse, UpdateJobRequest
 from duetime.claims import claim_until, next_fire_after
 from duetime.deps import Deps
-from duetime.errors import ConflictError, NotFoundError, RequestFieldError, ScheduleError
+from duetime.errors import AlreadyClaimedError, ConflictError, NotFoundError, RequestFieldError, ScheduleError
 from duetime.models import Job, JobState, Run, RunState, Trigger, parse_run_id
 from duetime.resources import ACTIVE_INDEX_PK, DEAD_LETTER_INDEX_PK
-from duetime.runs import message_for
+from duetime.runs import cancel, message_for
 from duetime.schedules import DstPolicy, parse_schedule
 from duetime.store import ConditionFailedError, Update
 from duetime.timeutil import truncate_ms
@@ -47,11 +50,7 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
     now = truncate_ms(deps.clock.now())
     job_id = request.job_id or new_job_id()
     if request.on_timeout.action == "trigger":
-        target = deps.store.get_job(request.on_timeout.job_id or "")
-        if target is None or target.tenant != tenant:
-            raise RequestFieldError(
-                f"on_timeout.job_id: no job {request.on_timeout.job_id!r} to trigger", "on_timeout.job_id"
-            )
+        _check_trigger_target(request.on_timeout.job_id, tenant, deps)
     anchor = now
     if request.schedule is not None:
         spec = request.schedule
@@ -86,13 +85,7 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
         )
     job = job.model_copy(update={"next_fire_at": first})
     deps.store.put_new_job(job)
-    outcomes = claim_until(job, deps, now + timedelta(seconds=deps.settings.tick_lookahead_seconds))
-    if outcomes:
-        last = outcomes[-1].next_fire_at
-        job = job.model_copy(
-            update={"next_fire_at": last, "state": JobState.COMPLETED if last is None else job.state}
-        )
-    return job
+    return _claim_due_now(job, deps)
 
 
 def get_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
@@ -210,3 +203,272 @@ def preview_schedule(
         fire_times=fires,
         local_times=[f.astimezone(zone).isoformat() for f in fires],
     )
+
+
+# ---- listing -------------------------------------------------------------------------------------------
+def encode_token(key: dict[str, Any] | None) -> str | None:
+    """An opaque pagination token for a DynamoDB key (URL-safe base64 of its JSON)."""
+    if key is None:
+        return None
+    return base64.urlsafe_b64encode(json.dumps(key, sort_keys=True).encode()).decode().rstrip("=")
+
+
+def decode_token(token: str | None, *, expected: tuple[str, ...]) -> dict[str, Any] | None:
+    """The key inside a token from :func:`encode_token`.
+
+    Raises:
+        RequestFieldError: the token is not one this API issued (field ``next_token``).
+    """
+    if not token:
+        return None
+    try:
+        key = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        if not isinstance(key, dict) or set(key) != set(expected):
+            raise ValueError("unexpected key")
+        return key
+    except (ValueError, TypeError):
+        raise RequestFieldError(
+            "next_token: not a token from this list; start again without it", "next_token"
+        ) from None
+
+
+def describe_job(job: Job, deps: Deps, *, previews: int = 3) -> tuple[list[datetime], Run | None]:
+    """The job's next ``previews`` fire times (UTC) and its most recent run (one Query)."""
+    from duetime.claims import schedule_of
+
+    fires: list[datetime] = []
+    schedule = schedule_of(job)
+    if job.state is JobState.ACTIVE and job.next_fire_at is not None:
+        fires = [job.next_fire_at]
+        if schedule is not None and previews > 1:
+            fires += schedule.preview(job.next_fire_at, previews - 1)
+    last = deps.store.list_runs(job.job_id, limit=1)
+    return fires, (last[0] if last else None)
+
+
+def list_jobs(
+    *,
+    tenant: str,
+    deps: Deps,
+    limit: int = 20,
+    next_token: str | None = None,
+    state: str | None = None,
+    name_prefix: str | None = None,
+) -> tuple[list[Job], str | None]:
+    """The caller's jobs, newest first (DELETED ones only when ``state=DELETED``), and the next page's token."""
+    start = decode_token(next_token, expected=("job_id", "tenant", "created_at"))
+    found, key = deps.store.list_jobs(
+        tenant, limit=limit, start_key=start, state=state, name_prefix=name_prefix
+    )
+    return found, encode_token(key)
+
+
+def query_runs(
+    job_id: str,
+    *,
+    tenant: str,
+    deps: Deps,
+    limit: int = 20,
+    next_token: str | None = None,
+    state: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> tuple[list[Run], str | None]:
+    """The job's runs, newest due time first, filtered by state and due-time window; and the next token."""
+    get_job(job_id, tenant=tenant, deps=deps)
+    start = decode_token(next_token, expected=("job_id", "due_at"))
+    found, key = deps.store.query_runs(
+        job_id, limit=limit, start_key=start, state=state, since=since, until=until
+    )
+    return found, encode_token(key)
+
+
+# ---- lifecycle -----------------------------------------------------------------------------------------
+def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Deps) -> Job:
+    """Change a job's schedule, task or policies (``PATCH``). Runs already claimed keep what they had.
+
+    A schedule change recomputes ``next_fire_at`` strictly after both now and the latest claimed run's due
+    time, so the current slot never fires twice; a fire inside the lookahead is claimed at once.
+
+    Raises:
+        NotFoundError, ScheduleError, RequestFieldError (a trigger job that is not the caller's),
+        ConflictError: the job is DELETED, or changed meanwhile (retry the PATCH).
+    """
+    job = get_job(job_id, tenant=tenant, deps=deps)
+    if job.state is JobState.DELETED:
+        raise ConflictError(f"job {job_id} is deleted")
+    changes = request.model_dump(exclude_unset=True)
+    if "on_timeout" in changes and request.on_timeout is not None:
+        _check_trigger_target(
+            request.on_timeout.job_id if request.on_timeout.action == "trigger" else None, tenant, deps
+        )
+    now = truncate_ms(deps.clock.now())
+    updated = job.model_copy(
+        update={
+            **{k: getattr(request, k) for k in changes},
+            "updated_at": now,
+            "version": job.version + 1,
+        }
+    )
+    if "schedule" in changes:
+        if request.schedule is None:
+            raise RequestFieldError("schedule: a job's schedule can be changed but not removed", "schedule")
+        spec = request.schedule
+        anchor = truncate_ms(spec.start_at) if spec.start_at is not None else now
+        parse_schedule(
+            spec.expression,
+            spec.timezone,
+            anchor=anchor,
+            dst_policy=spec.dst_policy,
+            start_at=spec.start_at,
+            end_at=spec.end_at,
+        )
+        updated = updated.model_copy(update={"anchor": anchor})
+        last = deps.store.list_runs(job_id, limit=1)
+        after = max(now, last[0].due_at) if last else now
+        nxt = next_fire_after(updated, after)
+        if job.state is JobState.PAUSED:
+            updated = updated.model_copy(update={"paused_next_fire_at": nxt})
+        else:
+            updated = updated.model_copy(
+                update={"next_fire_at": nxt, "state": JobState.ACTIVE if nxt else JobState.COMPLETED}
+            )
+    deps.store.replace_job(updated, expected_version=job.version, expected_next_fire_at=job.next_fire_at)
+    return _claim_due_now(updated, deps)
+
+
+def _claim_due_now(job: Job, deps: Deps) -> Job:
+    """Claim whatever of ``job`` is due inside the lookahead (the tick may already have passed that window)."""
+    if job.state is not JobState.ACTIVE or job.next_fire_at is None:
+        return job
+    outcomes = claim_until(
+        job, deps, deps.clock.now() + timedelta(seconds=deps.settings.tick_lookahead_seconds)
+    )
+    if outcomes:
+        last = outcomes[-1].next_fire_at
+        job = job.model_copy(
+            update={"next_fire_at": last, "state": JobState.COMPLETED if last is None else job.state}
+        )
+    return job
+
+
+def pause_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
+    """ACTIVE -> PAUSED: the job leaves the due index; runs already claimed or running continue.
+
+    Pausing a paused job is a no-op. Raises NotFoundError; ConflictError if the job is not ACTIVE or PAUSED.
+    """
+    job = get_job(job_id, tenant=tenant, deps=deps)
+    if job.state is JobState.PAUSED:
+        return job
+    if job.state is not JobState.ACTIVE:
+        raise ConflictError(f"job {job_id} is {job.state.value}: only an ACTIVE job can be paused")
+    now = truncate_ms(deps.clock.now())
+    paused = job.model_copy(
+        update={
+            "state": JobState.PAUSED,
+            "paused_next_fire_at": job.next_fire_at,
+            "next_fire_at": None,
+            "updated_at": now,
+            "version": job.version + 1,
+        }
+    )
+    deps.store.replace_job(paused, expected_version=job.version, expected_next_fire_at=job.next_fire_at)
+    return paused
+
+
+def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
+    """PAUSED -> ACTIVE from the first fire the pause held back; the job's catch-up policy decides what runs
+    for the slots the pause skipped (``latest``: the most recent one, once). Resuming an active job is a no-op.
+    """
+    job = get_job(job_id, tenant=tenant, deps=deps)
+    if job.state is JobState.ACTIVE:
+        return job
+    if job.state is not JobState.PAUSED:
+        raise ConflictError(f"job {job_id} is {job.state.value}: only a PAUSED job can be resumed")
+    now = truncate_ms(deps.clock.now())
+    nxt = job.paused_next_fire_at
+    resumed = job.model_copy(
+        update={
+            "state": JobState.ACTIVE if nxt else JobState.COMPLETED,
+            "next_fire_at": nxt,
+            "paused_next_fire_at": None,
+            "updated_at": now,
+            "version": job.version + 1,
+        }
+    )
+    deps.store.replace_job(resumed, expected_version=job.version, expected_next_fire_at=None)
+    return _claim_due_now(resumed, deps)
+
+
+def trigger_job(job_id: str, *, tenant: str, deps: Deps, ignore_overlap: bool = False) -> Run:
+    """A run of the job now (trigger ``manual``), whatever its schedule or state (not DELETED).
+
+    The run obeys the job's overlap policy unless ``ignore_overlap``. Raises NotFoundError, ConflictError.
+    """
+    from duetime.claims import new_run
+    from duetime.models import OverlapPolicy
+
+    job = get_job(job_id, tenant=tenant, deps=deps)
+    if job.state is JobState.DELETED:
+        raise ConflictError(f"job {job_id} is deleted")
+    run = new_run(job, truncate_ms(deps.clock.now()), deps, trigger=Trigger.MANUAL)
+    if ignore_overlap:
+        run = run.model_copy(update={"overlap": OverlapPolicy()})
+    try:
+        deps.store.put_new_run(run)
+    except AlreadyClaimedError:
+        raise ConflictError(f"a run of job {job_id} is already due at this very millisecond; retry") from None
+    deps.queues.send(run.task.tier, message_for(run))
+    return run
+
+
+def delete_job(job_id: str, *, tenant: str, deps: Deps, cancel_running: bool = False) -> Job:
+    """The job gets no further runs (state DELETED; its history stays readable). With ``cancel_running``,
+    its PENDING, RUNNING and RETRY_WAIT runs are CANCELLED too (running tasks are stopped through the fence).
+    Deleting a deleted job is a no-op.
+    """
+    job = get_job(job_id, tenant=tenant, deps=deps)
+    if job.state is not JobState.DELETED:
+        now = truncate_ms(deps.clock.now())
+        deleted = job.model_copy(
+            update={
+                "state": JobState.DELETED,
+                "next_fire_at": None,
+                "paused_next_fire_at": None,
+                "updated_at": now,
+                "version": job.version + 1,
+            }
+        )
+        deps.store.replace_job(deleted, expected_version=job.version, expected_next_fire_at=job.next_fire_at)
+        job = deleted
+    if cancel_running:
+        token: dict[str, Any] | None = None
+        while True:
+            active, token = deps.store.query_runs(job_id, limit=100, start_key=token, active_only=True)
+            for run in active:
+                cancel(run.job_id, run.due_at, deps, reason="job deleted with cancel_running=true")
+            if token is None:
+                break
+    return job
+
+
+def cancel_run(run_id: str, *, tenant: str, deps: Deps) -> Run:
+    """Cancel a run: a PENDING one never starts; a RUNNING one's worker is fenced off (its next heartbeat is
+    rejected) and kills the task; a RETRY_WAIT one is not retried.
+
+    Raises:
+        NotFoundError; ConflictError if the run already ended.
+    """
+    run = get_run(run_id, tenant=tenant, deps=deps)
+    cancelled = cancel(run.job_id, run.due_at, deps, reason="cancelled by request")
+    if cancelled is None:
+        raise ConflictError(f"run {run_id} already ended ({run.state.value}); nothing to cancel")
+    return cancelled
+
+
+def _check_trigger_target(target_id: str | None, tenant: str, deps: Deps) -> None:
+    if target_id is None:
+        return
+    target = deps.store.get_job(target_id)
+    if target is None or target.tenant != tenant or target.state is JobState.DELETED:
+        raise RequestFieldError(f"on_timeout.job_id: no job {target_id!r} to trigger", "on_timeout.job_id")

@@ -272,6 +272,8 @@ class Job(BaseModel):
     starting_deadline_seconds: int | None = None
     #: slots skipped by catch-up over the job's life
     missed_slots: int = 0
+    #: PAUSED jobs: the first fire the pause held back (resume restarts from it; catch-up applies)
+    paused_next_fire_at: Instant | None = None
     state: JobState
     shard: int
     next_fire_at: Instant | None

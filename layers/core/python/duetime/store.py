@@ -21,6 +21,7 @@ from botocore.exceptions import ClientError
 from duetime import aws
 from duetime.errors import (
     AlreadyClaimedError,
+    ConflictError,
     DuetimeError,
     LeaseLostError,
     StaleClaimError,
@@ -30,14 +31,19 @@ from duetime.models import Job, Run, RunState
 from duetime.resources import (
     ACTIVE_INDEX,
     ACTIVE_INDEX_PK,
+    CREATED_AT_KEY,
     DEAD_LETTER_INDEX,
     DEAD_LETTER_INDEX_PK,
     DUE_INDEX,
     DUE_INDEX_PK,
     DUE_INDEX_SK,
+    JOBS_BY_TENANT_INDEX,
+    JOBS_PK,
+    RUNS_PK,
     RUNS_SK,
     RUNS_TTL_ATTRIBUTE,
     SHARD_LEASE_PREFIX,
+    TENANT_KEY,
     WATCH_INDEX,
     WATCH_INDEX_PK,
     WATCH_INDEX_SK,
@@ -234,6 +240,133 @@ class DynamoStore:
             TableName=self.jobs_table, Key=serialize({"job_id": job_id}), ConsistentRead=True
         )
         return job_from_item(deserialize(out["Item"])) if "Item" in out else None
+
+    def replace_job(self, job: Job, *, expected_version: int, expected_next_fire_at: datetime | None) -> None:
+        """Write ``job`` over the stored one if nothing changed it since it was read (optimistic concurrency:
+        same ``version`` and same ``next_fire_at``, which a tick may have advanced meanwhile).
+
+        Raises:
+            ConflictError: the job changed since it was read; read it again.
+        """
+        cond = "#v = :v AND " + (
+            "#nf = :nf" if expected_next_fire_at is not None else "attribute_not_exists(#nf)"
+        )
+        values: dict[str, Any] = {":v": expected_version}
+        if expected_next_fire_at is not None:
+            values[":nf"] = expected_next_fire_at
+        try:
+            self._ddb.put_item(
+                TableName=self.jobs_table,
+                Item=serialize(job_to_item(job)),
+                ConditionExpression=cond,
+                ExpressionAttributeNames={"#v": "version", "#nf": "next_fire_at"},
+                ExpressionAttributeValues=serialize(values),
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                raise ConflictError(f"job {job.job_id!r} changed meanwhile; read it and try again") from None
+            raise
+
+    def list_jobs(
+        self,
+        tenant: str,
+        *,
+        limit: int,
+        start_key: dict[str, Any] | None = None,
+        state: str | None = None,
+        name_prefix: str | None = None,
+    ) -> tuple[list[Job], dict[str, Any] | None]:
+        """The tenant's jobs, newest first (tenant index), filtered; returns (jobs, key to continue from)."""
+        filters, names, values = [], {"#t": TENANT_KEY}, {":t": tenant}
+        if state:
+            filters.append("#st = :st")
+            names["#st"], values[":st"] = "state", state
+        else:
+            filters.append("#st <> :deleted")
+            names["#st"], values[":deleted"] = "state", "DELETED"
+        if name_prefix:
+            filters.append("begins_with(#n, :np)")
+            names["#n"], values[":np"] = "name", name_prefix
+        kwargs: dict[str, Any] = {
+            "TableName": self.jobs_table,
+            "IndexName": JOBS_BY_TENANT_INDEX,
+            "KeyConditionExpression": "#t = :t",
+            "FilterExpression": " AND ".join(filters),
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": serialize(values),
+            "ScanIndexForward": False,
+        }
+        return self._collect(
+            kwargs, limit, start_key, job_from_item, keys=(JOBS_PK, TENANT_KEY, CREATED_AT_KEY)
+        )
+
+    def _collect(
+        self,
+        kwargs: dict[str, Any],
+        limit: int,
+        start_key: dict[str, Any] | None,
+        build: Any,
+        *,
+        keys: tuple[str, ...],
+    ) -> tuple[list[Any], dict[str, Any] | None]:
+        """Page through a (filtered) Query until ``limit`` items; the continuation key is the last item's."""
+        items: list[dict[str, Any]] = []
+        if start_key:
+            kwargs["ExclusiveStartKey"] = start_key
+        while len(items) < limit:
+            kwargs["Limit"] = max(limit - len(items), 10)
+            out = self._ddb.query(**kwargs)
+            items.extend(out.get("Items", []))
+            if "LastEvaluatedKey" not in out:
+                if len(items) <= limit:
+                    return [build(deserialize(i)) for i in items], None
+                break
+            kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
+        items = items[:limit]
+        last = items[-1]
+        return [build(deserialize(i)) for i in items], {k: last[k] for k in keys if k in last}
+
+    def query_runs(
+        self,
+        job_id: str,
+        *,
+        limit: int,
+        start_key: dict[str, Any] | None = None,
+        state: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        active_only: bool = False,
+    ) -> tuple[list[Run], dict[str, Any] | None]:
+        """The job's runs, newest due time first, within ``[since, until]`` and of ``state``."""
+        key = "job_id = :j"
+        values: dict[str, Any] = {":j": job_id}
+        names: dict[str, str] = {}
+        if since is not None and until is not None:
+            key += " AND due_at BETWEEN :since AND :until"
+            values.update({":since": since, ":until": until})
+        elif since is not None:
+            key += " AND due_at >= :since"
+            values[":since"] = since
+        elif until is not None:
+            key += " AND due_at <= :until"
+            values[":until"] = until
+        kwargs: dict[str, Any] = {
+            "TableName": self.runs_table,
+            "KeyConditionExpression": key,
+            "ScanIndexForward": False,
+        }
+        filters = []
+        if state:
+            filters.append("#st = :st")
+            names["#st"], values[":st"] = "state", state
+        if active_only:
+            filters.append(f"attribute_exists({WATCH_INDEX_PK})")
+        if filters:
+            kwargs["FilterExpression"] = " AND ".join(filters)
+        if names:
+            kwargs["ExpressionAttributeNames"] = names
+        kwargs["ExpressionAttributeValues"] = serialize(values)
+        return self._collect(kwargs, limit, start_key, run_from_item, keys=(RUNS_PK, RUNS_SK))
 
     def query_due(self, shard: int, until: datetime, *, page_size: int = 500) -> Iterator[Job]:
         """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (due GSI; eventually consistent)."""

@@ -1,0 +1,157 @@
+"""Job lifecycle and listing through the API handler: PATCH, pause/resume, trigger, delete, cancel, paging."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from types import ModuleType
+
+from duetime import claims
+from duetime.worker import Worker
+from tests.conftest import T0
+from tests.helpers import call, drain
+
+EVERY_5 = {
+    "name": "five",
+    "schedule": {"expression": "rate(5 minutes)"},
+    "task": {"kind": "container", "command": ["true"]},
+}
+
+
+def _runs(api: ModuleType, job_id: str, **query) -> list[dict]:
+    status, body, _ = call(api, "GET", f"/jobs/{job_id}/runs", query={k: str(v) for k, v in query.items()})
+    assert status == 200, body
+    return body["runs"]
+
+
+def test_a_job_shows_its_next_fire_times_and_last_run(api: ModuleType, deps) -> None:
+    _, job, _ = call(api, "POST", "/jobs", EVERY_5)
+    assert job["next_fire_times"] == [
+        "2026-11-29T12:05:00.000Z",
+        "2026-11-29T12:10:00.000Z",
+        "2026-11-29T12:15:00.000Z",
+    ]
+    assert job["last_run"] is None
+    status, now_job, _ = call(api, "POST", "/jobs", {**EVERY_5, "schedule": None})
+    Worker(deps, "small", owner="w").poll_once()
+    _, got, _ = call(api, "GET", f"/jobs/{now_job['job_id']}")
+    assert got["last_run"]["state"] == "SUCCEEDED" and got["next_fire_times"] == []
+
+
+def test_pause_leaves_the_due_index_and_resume_catches_up_once(api: ModuleType, deps, clock) -> None:
+    _, job, _ = call(api, "POST", "/jobs", EVERY_5)
+    status, paused, _ = call(api, "POST", f"/jobs/{job['job_id']}/pause")
+    assert status == 200 and paused["state"] == "PAUSED" and paused["next_fire_at"] is None
+    # While paused for an hour, ticks claim nothing
+    clock.advance(3600)
+    assert claims.tick(deps.store.get_job(job["job_id"]).shard, deps).claimed == 0
+    assert _runs(api, job["job_id"]) == []
+    # On resume the catch-up policy (latest) runs the most recent missed slot once, now
+    status, resumed, _ = call(api, "POST", f"/jobs/{job['job_id']}/resume")
+    assert status == 200 and resumed["state"] == "ACTIVE"
+    [run] = _runs(api, job["job_id"])
+    assert run["due_at"] == "2026-11-29T13:00:00.000Z" and run["missed_slots"] == 11
+    assert resumed["next_fire_at"] == "2026-11-29T13:05:00.000Z"
+
+
+def test_patching_the_schedule_recomputes_the_next_fire_without_refiring_a_claimed_slot(
+    api, deps, clock
+) -> None:
+    _, job, _ = call(api, "POST", "/jobs", EVERY_5)
+    clock.advance(270)
+    claims.tick(deps.store.get_job(job["job_id"]).shard, deps)  # claims 12:05
+    # When the schedule changes to every minute at 12:04:30
+    status, patched, _ = call(
+        api, "PATCH", f"/jobs/{job['job_id']}", {"schedule": {"expression": "rate(1 minute)"}}
+    )
+    assert status == 200, patched
+    # Then the next fire is after the claimed 12:05 slot, and 12:05 exists once
+    assert patched["version"] == 2
+    dues = [r["due_at"] for r in _runs(api, job["job_id"])]
+    assert dues.count("2026-11-29T12:05:00.000Z") == 1
+    assert all(d > "2026-11-29T12:05:00.000Z" for d in dues if d != "2026-11-29T12:05:00.000Z")
+    assert patched["schedule"]["expression"] == "rate(1 minute)"
+
+
+def test_patch_refuses_bad_fields_and_unknown_jobs(api: ModuleType) -> None:
+    _, job, _ = call(api, "POST", "/jobs", EVERY_5)
+    status, body, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", {"schedule": {"expression": "0 0 30 2 *"}})
+    assert status == 400 and body["error"]["field"] == "schedule.expression"
+    status, body, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", {"colour": "red"})
+    assert status == 400 and body["error"]["field"] == "colour"
+    assert call(api, "PATCH", "/jobs/job-nope", {"name": "x"})[0] == 404
+
+
+def test_trigger_makes_a_manual_run_now(api: ModuleType, deps) -> None:
+    _, job, _ = call(api, "POST", "/jobs", EVERY_5)
+    status, run, headers = call(api, "POST", f"/jobs/{job['job_id']}/trigger")
+    assert status == 202 and run["trigger"] == "manual" and run["due_at"] == "2026-11-29T12:00:00.000Z"
+    Worker(deps, "small", owner="w").poll_once()
+    assert call(api, "GET", headers["location"])[1]["state"] == "SUCCEEDED"
+
+
+def test_delete_with_cancel_running_cancels_in_flight_runs(api: ModuleType, deps) -> None:
+    _, job, _ = call(api, "POST", "/jobs", {**EVERY_5, "schedule": {"expression": "rate(20 seconds)"}})
+    assert len(_runs(api, job["job_id"])) == 3  # 12:00:20, :40, 12:01:00 claimed in the lookahead
+    status, deleted, _ = call(api, "DELETE", f"/jobs/{job['job_id']}", query={"cancel_running": "true"})
+    assert status == 200 and deleted["state"] == "DELETED" and deleted["next_fire_at"] is None
+    assert {r["state"] for r in _runs(api, job["job_id"])} == {"CANCELLED"}
+    # deleted jobs leave the default listing but stay readable
+    listed = call(api, "GET", "/jobs")[1]["jobs"]
+    assert job["job_id"] not in [j["job_id"] for j in listed]
+    assert call(api, "GET", "/jobs", query={"state": "DELETED"})[1]["jobs"][0]["job_id"] == job["job_id"]
+    assert call(api, "POST", f"/jobs/{job['job_id']}/trigger")[0] == 409
+
+
+def test_cancel_a_pending_run_so_it_never_starts(api: ModuleType, deps) -> None:
+    _, job, _ = call(api, "POST", "/jobs", {**EVERY_5, "schedule": None})
+    [run] = _runs(api, job["job_id"])
+    status, cancelled, _ = call(api, "POST", f"/runs/{run['run_id']}/cancel")
+    assert status == 200 and cancelled["state"] == "CANCELLED"
+    assert Worker(deps, "small", owner="w").poll_once() == 1  # the message arrives and is dropped
+    assert _runs(api, job["job_id"])[0]["state"] == "CANCELLED"
+    assert call(api, "POST", f"/runs/{run['run_id']}/cancel")[0] == 409
+
+
+def test_listing_pages_with_opaque_tokens_in_a_stable_order(api: ModuleType, clock) -> None:
+    ids = []
+    for i in range(7):
+        clock.advance(1)
+        ids.append(call(api, "POST", "/jobs", {**EVERY_5, "name": f"batch-{i}"})[1]["job_id"])
+    call(api, "POST", "/jobs", {**EVERY_5, "name": "other"})
+    seen, token = [], None
+    while True:
+        query = {"limit": "3", "name_prefix": "batch-"}
+        if token:
+            query["next_token"] = token
+        status, page, _ = call(api, "GET", "/jobs", query=query)
+        assert status == 200 and len(page["jobs"]) <= 3
+        seen += [j["job_id"] for j in page["jobs"]]
+        token = page["next_token"]
+        if token is None:
+            break
+    assert seen == list(reversed(ids))  # newest first, each once
+    status, body, _ = call(api, "GET", "/jobs", query={"next_token": "garbage"})
+    assert status == 400 and body["error"]["field"] == "next_token"
+
+
+def test_runs_filter_by_state_and_due_window_and_page(api: ModuleType, deps, clock) -> None:
+    _, job, _ = call(api, "POST", "/jobs", {**EVERY_5, "schedule": {"expression": "rate(20 seconds)"}})
+    for _ in range(3):
+        clock.advance(60)
+        claims.tick(deps.store.get_job(job["job_id"]).shard, deps)
+    drain(deps.settings.queue_url("small"))
+    all_runs = _runs(api, job["job_id"], limit=100)
+    assert len(all_runs) == 12
+    window = _runs(
+        api,
+        job["job_id"],
+        since=(T0 + timedelta(seconds=60)).isoformat(),
+        until=(T0 + timedelta(seconds=120)).isoformat(),
+    )
+    assert [r["due_at"][11:19] for r in window] == ["12:02:00", "12:01:40", "12:01:20", "12:01:00"]
+    first = call(api, "GET", f"/jobs/{job['job_id']}/runs", query={"limit": "5"})[1]
+    second = call(
+        api, "GET", f"/jobs/{job['job_id']}/runs", query={"limit": "5", "next_token": first["next_token"]}
+    )[1]
+    assert [r["run_id"] for r in first["runs"] + second["runs"]] == [r["run_id"] for r in all_runs[:10]]
+    assert _runs(api, job["job_id"], state="SUCCEEDED") == []

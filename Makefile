@@ -4,12 +4,12 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-unit test-integration test-e2e lint format typecheck clean
+.PHONY: run test test-unit test-integration test-e2e lint format typecheck clean synth lint-infra
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[local,dev]'
+	$(PY) -m pip install --quiet -e '.[local,dev,cdk]'
 	touch $(STAMP)
 
 ## the local stack with demo jobs (Ctrl-C stops it); ARGS="--tick-seconds 5" to pass options
@@ -42,3 +42,19 @@ typecheck: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .duetime .pytest_cache .mypy_cache .ruff_cache
+
+## --- the CDK app (infra/): synthesized offline, with no AWS credentials and no docker ----------------------
+STAGE ?= dev
+# jsii (aws-cdk-lib's runtime) prints a banner on Node versions it has not tested or no longer supports
+export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 18,20,21,22,23
+
+## write cdk.out/Duetime-$(STAGE).template.json (STAGE=dev|prod|...); cdk-nag runs as part of it.
+## BUNDLE=1 also builds the Lambda layer (pip downloads arm64 wheels: needs PyPI); the template is the same.
+synth: $(STAMP)
+	$(PY) -m infra.app -c stage=$(STAGE) $(if $(BUNDLE),,-c 'aws:cdk:bundling-stacks=[]')
+
+## cdk-nag AwsSolutions (fails on any unacknowledged finding) and cfn-lint (W3005 = CDK's redundant DependsOn)
+lint-infra: synth
+	$(VENV)/bin/cfn-lint --ignore-checks W3005 -- cdk.out/Duetime-$(STAGE).template.json
+	@echo "lint-infra: cdk-nag AwsSolutions and cfn-lint clean for stage $(STAGE)"

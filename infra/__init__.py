@@ -1,0 +1,1 @@
+"""Duetime's CDK app: ``infra/app.py`` (entry point), ``infra/stack.py`` (composition), ``infra/constructs/``."""

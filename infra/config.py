@@ -1,0 +1,198 @@
+"""Stage configuration: everything that differs between two deployments of Duetime.
+
+A stage is picked with ``-c stage=NAME`` (default ``dev``). Its settings are the defaults below, overlaid by
+``context.stages.NAME`` in ``cdk.json`` (where the ``dev`` and ``prod`` presets live), overlaid by
+``-c duetime:FIELD=VALUE`` for one top-level field (``-c duetime:shard_count=8``). Several stages can live in
+one account: nothing here names a physical resource; CloudFormation names them after the stack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from duetime.settings import CONTAINER_TIERS, Settings
+
+#: Context keys read by :func:`stage_from_context`.
+STAGE_CONTEXT_KEY = "stage"
+STAGES_CONTEXT_KEY = "stages"
+OVERRIDE_PREFIX = "duetime:"
+
+#: CloudWatch Logs' retention periods, days -> the name of ``aws_logs.RetentionDays``' member.
+LOG_RETENTION_DAYS: dict[int, str] = {
+    1: "ONE_DAY",
+    3: "THREE_DAYS",
+    5: "FIVE_DAYS",
+    7: "ONE_WEEK",
+    14: "TWO_WEEKS",
+    30: "ONE_MONTH",
+    60: "TWO_MONTHS",
+    90: "THREE_MONTHS",
+    120: "FOUR_MONTHS",
+    150: "FIVE_MONTHS",
+    180: "SIX_MONTHS",
+    365: "ONE_YEAR",
+    400: "THIRTEEN_MONTHS",
+    545: "EIGHTEEN_MONTHS",
+    731: "TWO_YEARS",
+    1096: "THREE_YEARS",
+    1827: "FIVE_YEARS",
+    2192: "SIX_YEARS",
+    2557: "SEVEN_YEARS",
+    2922: "EIGHT_YEARS",
+    3288: "NINE_YEARS",
+    3653: "TEN_YEARS",
+}
+
+#: Fargate's valid (cpu units -> memory MiB) pairs.
+FARGATE_MEMORY: dict[int, tuple[int, ...]] = {
+    256: (512, 1024, 2048),
+    512: tuple(range(1024, 4097, 1024)),
+    1024: tuple(range(2048, 8193, 1024)),
+    2048: tuple(range(4096, 16385, 1024)),
+    4096: tuple(range(8192, 30721, 1024)),
+    8192: tuple(range(16384, 61441, 4096)),
+    16384: tuple(range(32768, 122881, 8192)),
+}
+
+
+def fargate_memory_ok(cpu: int, memory_mib: int) -> bool:
+    """Whether Fargate accepts ``cpu`` units with ``memory_mib``."""
+    return memory_mib in FARGATE_MEMORY.get(cpu, ())
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WorkerTierConfig(Frozen):
+    """One container tier's Fargate service: task size and autoscaling bounds."""
+
+    cpu: int = Field(description="Fargate CPU units (1024 = 1 vCPU)")
+    memory_mib: int
+    min_tasks: int = Field(ge=0, le=1000)
+    max_tasks: int = Field(ge=1, le=1000)
+    #: alarm when the oldest message is older than this: delay (<= 900 s) + wait + the run's own duration,
+    #: because a worker keeps its message in flight until the run finishes.
+    queue_age_alarm_seconds: int = Field(default=4500, ge=60)
+
+    @model_validator(mode="after")
+    def _valid(self) -> WorkerTierConfig:
+        if not fargate_memory_ok(self.cpu, self.memory_mib):
+            raise ValueError(f"Fargate does not accept cpu={self.cpu} with memory_mib={self.memory_mib}")
+        if self.min_tasks > self.max_tasks:
+            raise ValueError(f"min_tasks {self.min_tasks} > max_tasks {self.max_tasks}")
+        return self
+
+
+def _default_tiers() -> dict[str, WorkerTierConfig]:
+    return {
+        "small": WorkerTierConfig(cpu=256, memory_mib=512, min_tasks=1, max_tasks=10),
+        "medium": WorkerTierConfig(cpu=1024, memory_mib=2048, min_tasks=0, max_tasks=5),
+        "large": WorkerTierConfig(cpu=4096, memory_mib=8192, min_tasks=0, max_tasks=2),
+    }
+
+
+class AlarmConfig(Frozen):
+    """Alarm thresholds. Lag is start - due of a run (metric ``ScheduleLag``, seconds)."""
+
+    schedule_lag_p99_seconds: float = Field(default=5.0, gt=0)
+    #: the lambda tier's queue: delay (<= 900 s) + dispatcher time; older means the dispatcher is stuck.
+    lambda_queue_age_seconds: int = Field(default=1200, ge=60)
+    #: any message in a dead-letter queue is a run SQS gave up delivering.
+    dlq_depth: int = Field(default=1, ge=1)
+    #: ``RunDeadLettered`` (runs that exhausted their attempts) per 5 minutes.
+    dead_letters_per_5_minutes: int = Field(default=1, ge=1)
+    #: 5xx answers of the HTTP API per 5 minutes.
+    api_5xx_per_5_minutes: int = Field(default=5, ge=1)
+    #: errors of the tick and sweeper functions per 5 minutes.
+    function_errors_per_5_minutes: int = Field(default=1, ge=1)
+
+
+class StageConfig(Frozen):
+    """The settings of one deployment (one CloudFormation stack)."""
+
+    name: str = Field(default="dev", pattern=r"^[A-Za-z][A-Za-z0-9-]{0,31}$")
+    #: optional fixed account/region; left out, the stack is environment-agnostic (synth needs no AWS).
+    account: str | None = Field(default=None, pattern=r"^\d{12}$")
+    region: str | None = None
+    #: shards of the jobs table: one EventBridge Scheduler schedule (and tick) per shard.
+    shard_count: int = Field(default=4, ge=1, le=1024)
+    #: run rows live this long (DynamoDB TTL) and so do their logs in S3.
+    retention_days: int = Field(default=90, ge=1, le=3650)
+    #: CloudWatch Logs retention of functions, workers, API access logs and VPC flow logs.
+    log_retention_days: int = Field(default=30)
+    #: keep tables (RETAIN + deletion protection) when the stack is deleted.
+    retain_data: bool = True
+    alarms: AlarmConfig = Field(default_factory=AlarmConfig)
+    alarm_email: str | None = Field(default=None, description="subscribed to the alarm topic when set")
+    workers: dict[str, WorkerTierConfig] = Field(default_factory=_default_tiers)
+    #: minutes a container tier must be completely idle (nothing visible, nothing in flight) before it
+    #: scales back to its minimum; autoscaling therefore never stops a worker that is running a task.
+    scale_in_idle_minutes: int = Field(default=15, ge=1, le=1440)
+    #: NAT gateways for the workers' private subnets (1 = cheapest; one per AZ for AZ-independent egress).
+    nat_gateways: int = Field(default=1, ge=1, le=2)
+    authorizer: Literal["iam", "jwt"] = "iam"
+    jwt_issuer: str | None = None
+    jwt_audience: tuple[str, ...] = ()
+    api_rate_limit: float = Field(default=100.0, gt=0, description="steady requests/s for the whole API")
+    api_burst_limit: int = Field(default=200, ge=1)
+
+    @property
+    def log_retention(self) -> str:
+        """``aws_logs.RetentionDays`` member name of ``log_retention_days``."""
+        return LOG_RETENTION_DAYS[self.log_retention_days]
+
+    @model_validator(mode="after")
+    def _valid(self) -> StageConfig:
+        if self.log_retention_days not in LOG_RETENTION_DAYS:
+            raise ValueError(f"log_retention_days must be one of {sorted(LOG_RETENTION_DAYS)}")
+        missing = set(CONTAINER_TIERS) - set(self.workers)
+        unknown = set(self.workers) - set(CONTAINER_TIERS)
+        if missing or unknown:
+            raise ValueError(f"workers must configure exactly the tiers {list(CONTAINER_TIERS)}")
+        if self.authorizer == "jwt" and (not self.jwt_issuer or not self.jwt_audience):
+            raise ValueError("authorizer 'jwt' needs jwt_issuer and jwt_audience")
+        # the same bounds the handlers enforce at run time: fail at synth, not at the first invocation
+        Settings.model_validate(
+            {
+                "jobs_table": "-",
+                "runs_table": "-",
+                "logs_bucket": "-",
+                "queue_urls": {},
+                "shard_count": self.shard_count,
+                "run_retention_days": self.retention_days,
+            }
+        )
+        return self
+
+
+def _merge(base: dict[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """``overlay`` over ``base``, recursively for nested objects (so a preset can change one tier)."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def stage_from_context(get: Any) -> StageConfig:
+    """The stage selected by the CDK context.
+
+    Args:
+        get: ``node.try_get_context``-like callable: key -> value or None.
+    """
+    name = str(get(STAGE_CONTEXT_KEY) or "dev")
+    presets = get(STAGES_CONTEXT_KEY) or {}
+    values: dict[str, Any] = StageConfig(name=name).model_dump()
+    values = _merge(values, presets.get(name, {}))
+    for field in StageConfig.model_fields:
+        override = get(OVERRIDE_PREFIX + field)
+        if override is not None:
+            values[field] = override
+    values["name"] = name
+    return StageConfig.model_validate(values)

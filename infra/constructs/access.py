@@ -1,0 +1,104 @@
+"""Least privilege, declared: which actions a compute role may take on which of Duetime's resources.
+
+Each function (and each worker tier) lists :class:`Access` entries, read off the code it runs: e.g. the tick
+queries the due index, inserts runs, advances jobs and sends to the tier queues, and nothing else. A
+:class:`Catalogue` turns the entries into IAM statements on exact ARNs. No entry may use a wildcard action;
+the only wildcard resources are object keys under the logs prefix (S3 has no other way to say "these
+objects") and what AWS itself requires (X-Ray, ECR auth), each acknowledged where it is created.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from aws_cdk import aws_iam as iam
+
+from duetime.logs import log_key
+from duetime.resources import DUE_INDEX, WATCH_INDEX
+from duetime.settings import ALL_TIERS
+from infra.constructs.queues import TierQueues
+from infra.constructs.storage import Storage
+from infra.nag import acknowledge, arn_finding
+
+#: Key prefix of run logs in the logs bucket, read off ``duetime.logs.log_key`` so the two cannot drift.
+LOG_KEY_PREFIX = log_key("job", "run", 1).split("/", 1)[0] + "/"
+
+
+class Target(StrEnum):
+    JOBS = "jobs table"
+    JOBS_DUE_INDEX = f"jobs table, index {DUE_INDEX}"
+    RUNS = "runs table"
+    RUNS_WATCH_INDEX = f"runs table, index {WATCH_INDEX}"
+    IDEMPOTENCY = "idempotency table"
+    #: every tier's queue, or one tier's with ``Access.tier``
+    QUEUES = "tier queues"
+    #: objects under LOG_KEY_PREFIX in the logs bucket
+    LOG_OBJECTS = "run log objects"
+    #: the logs bucket itself (ListBucket: lets GetObject answer NoSuchKey instead of AccessDenied)
+    LOGS_BUCKET = "logs bucket"
+
+
+@dataclass(frozen=True)
+class Access:
+    """Allow ``actions`` on ``target`` (for QUEUES: only ``tier``'s queue when it is set)."""
+
+    target: Target
+    actions: tuple[str, ...]
+    tier: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.actions or any("*" in a for a in self.actions):
+            raise ValueError(f"exact actions only, got {self.actions}")
+        if self.tier is not None and (self.target is not Target.QUEUES or self.tier not in ALL_TIERS):
+            raise ValueError(f"tier {self.tier!r} only applies to queues of {ALL_TIERS}")
+
+
+def allow(target: Target, *actions: str, tier: str | None = None) -> Access:
+    return Access(target, tuple(actions), tier)
+
+
+class Catalogue:
+    """Resolves :class:`Target` to the ARNs of one stack's resources."""
+
+    def __init__(self, storage: Storage, queues: TierQueues) -> None:
+        self.storage = storage
+        self.queues = queues
+
+    def arns(self, access: Access) -> list[str]:
+        s = self.storage
+        match access.target:
+            case Target.JOBS:
+                return [s.jobs.table_arn]
+            case Target.JOBS_DUE_INDEX:
+                return [f"{s.jobs.table_arn}/index/{DUE_INDEX}"]
+            case Target.RUNS:
+                return [s.runs.table_arn]
+            case Target.RUNS_WATCH_INDEX:
+                return [f"{s.runs.table_arn}/index/{WATCH_INDEX}"]
+            case Target.IDEMPOTENCY:
+                return [s.idempotency.table_arn]
+            case Target.QUEUES:
+                tiers = [access.tier] if access.tier else list(ALL_TIERS)
+                return [self.queues.queue(t).queue_arn for t in tiers]
+            case Target.LOG_OBJECTS:
+                return [s.logs_bucket.arn_for_objects(LOG_KEY_PREFIX + "*")]
+            case Target.LOGS_BUCKET:
+                return [s.logs_bucket.bucket_arn]
+        raise ValueError(access.target)
+
+    def statements(self, accesses: tuple[Access, ...]) -> list[iam.PolicyStatement]:
+        """One statement per entry: exact actions on exact resources."""
+        return [iam.PolicyStatement(actions=sorted(a.actions), resources=self.arns(a)) for a in accesses]
+
+    def grant(self, role: iam.IRole, accesses: tuple[Access, ...]) -> None:
+        """Add the statements to ``role``; acknowledge the log-object wildcard where it is granted."""
+        for statement in self.statements(accesses):
+            role.add_to_principal_policy(statement)
+        if any(a.target is Target.LOG_OBJECTS for a in accesses):
+            acknowledge(
+                role,
+                arn_finding(self.storage.logs_bucket, f"/{LOG_KEY_PREFIX}*"),
+                f"S3 names objects by key: the grant covers exactly the run logs under {LOG_KEY_PREFIX} in "
+                "Duetime's own logs bucket",
+            )

@@ -1,0 +1,110 @@
+"""API: an API Gateway HTTP API in front of the ``api`` function (DESIGN.md section 8).
+
+Every route (``ANY /{proxy+}``; the Powertools resolver routes inside the function) requires IAM (SigV4)
+authorization by default, or a JWT authorizer when the stage says ``authorizer: jwt``. The handler reads the
+tenant from the authorizer context (the IAM caller's ARN, or the token's ``tenant``/``sub`` claim). The
+``$default`` stage is throttled and writes JSON access logs to its own log group.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsii
+from aws_cdk import Aws, RemovalPolicy
+from aws_cdk import aws_apigateway as apigw
+from aws_cdk import aws_apigatewayv2 as apigwv2
+from aws_cdk import aws_apigatewayv2_authorizers as authorizers
+from aws_cdk import aws_apigatewayv2_integrations as integrations
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from infra.config import StageConfig
+
+#: One JSON object per request: who called what, the answer, and why a call failed before the function.
+ACCESS_LOG_FIELDS = {
+    "requestId": "$context.requestId",
+    "requestTime": "$context.requestTime",
+    "ip": "$context.identity.sourceIp",
+    "caller": "$context.identity.caller",
+    "userArn": "$context.identity.userArn",
+    "jwtSub": "$context.authorizer.claims.sub",
+    "method": "$context.httpMethod",
+    "path": "$context.path",
+    "routeKey": "$context.routeKey",
+    "status": "$context.status",
+    "protocol": "$context.protocol",
+    "responseLength": "$context.responseLength",
+    "latencyMs": "$context.responseLatency",
+    "integrationStatus": "$context.integrationStatus",
+    "integrationError": "$context.integrationErrorMessage",
+    "authorizerError": "$context.authorizer.error",
+    "error": "$context.error.message",
+}
+
+
+@jsii.implements(apigwv2.IAccessLogSettings)
+class AccessLogSettings:
+    """``IAccessLogSettings`` is a jsii interface, not a struct: Python needs a class to pass one."""
+
+    def __init__(self, destination: apigwv2.IAccessLogDestination, format: apigw.AccessLogFormat) -> None:
+        self._destination = destination
+        self._format = format
+
+    @property
+    def destination(self) -> apigwv2.IAccessLogDestination:
+        return self._destination
+
+    @property
+    def format(self) -> apigw.AccessLogFormat:
+        return self._format
+
+
+class Api(Construct):
+    """The HTTP API; ``url`` is its endpoint."""
+
+    def __init__(self, scope: Construct, id: str, *, config: StageConfig, handler: lambda_.IFunction) -> None:
+        super().__init__(scope, id)
+        if config.authorizer == "jwt":
+            authorizer: apigwv2.IHttpRouteAuthorizer = authorizers.HttpJwtAuthorizer(
+                "Jwt", jwt_issuer=str(config.jwt_issuer), jwt_audience=list(config.jwt_audience)
+            )
+        else:
+            authorizer = authorizers.HttpIamAuthorizer()
+        self.http_api = apigwv2.HttpApi(
+            self,
+            "HttpApi",
+            api_name=Aws.STACK_NAME,  # resolved by CloudFormation: one name per stage
+            description=f"Duetime API ({config.name})",
+            default_authorizer=authorizer,
+            create_default_stage=False,
+        )
+        self.http_api.add_routes(
+            path="/{proxy+}",
+            methods=[apigwv2.HttpMethod.ANY],
+            integration=integrations.HttpLambdaIntegration("Handler", handler),
+        )
+        self.access_logs = logs.LogGroup(
+            self,
+            "AccessLogs",
+            retention=logs.RetentionDays[config.log_retention],
+            removal_policy=RemovalPolicy.RETAIN if config.retain_data else RemovalPolicy.DESTROY,
+        )
+        self.stage = apigwv2.HttpStage(
+            self,
+            "DefaultStage",
+            http_api=self.http_api,
+            auto_deploy=True,
+            throttle=apigwv2.ThrottleSettings(
+                rate_limit=config.api_rate_limit, burst_limit=config.api_burst_limit
+            ),
+            access_log_settings=AccessLogSettings(
+                destination=apigwv2.LogGroupLogDestination(self.access_logs),
+                format=apigw.AccessLogFormat.custom(json.dumps(ACCESS_LOG_FIELDS)),
+            ),
+        )
+
+    @property
+    def url(self) -> str:
+        return str(self.stage.url)

@@ -1,0 +1,209 @@
+"""Functions: the Lambda handlers in ``functions/<name>/handler.py`` with the core library as a layer.
+
+Adding a function is one entry in :data:`FUNCTIONS`: its folder, size, the exact access its code needs and,
+for a queue consumer, the tier whose queue feeds it. Every function gets arm64, Python 3.12, JSON logs in its
+own log group with the stage's retention, active X-Ray tracing, its own role with only its listed access, and
+the same ``DUETIME_*`` environment (see :mod:`infra.environment`).
+
+The dispatcher (the lambda tier's consumer) comes with a later issue. Its entry will be::
+
+    FunctionSpec("dispatcher", "claim lambda-tier runs and invoke their targets",
+                 timeout_seconds=DISPATCHER_TIMEOUT_SECONDS, memory_mib=512, queue_source="lambda",
+                 access=(allow(Target.RUNS, "dynamodb:UpdateItem"), ...))
+
+``queue_source`` adds an SQS event source with ``report_batch_item_failures`` (the handler must answer with
+Powertools' ``process_partial_response``) and checks the queue's visibility timeout is at least six times the
+function's timeout. The mechanism is exercised by ``tests/infra`` with a stand-in handler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk.aws_lambda_event_sources import SqsEventSource
+from constructs import Construct
+
+from infra.bundling import LAYER_EXCLUDES, LAYER_SOURCE, PYTHON_VERSION, REPO_ROOT, layer_bundling
+from infra.config import StageConfig
+from infra.constructs.access import Access, Catalogue, Target, allow
+from infra.constructs.queues import EVENT_SOURCE_VISIBILITY_FACTOR, TierQueues, visibility_seconds
+from infra.nag import acknowledge
+
+RUNTIME = lambda_.Runtime.PYTHON_3_12
+ARCHITECTURE = lambda_.Architecture.ARM_64
+HANDLER = "handler.lambda_handler"
+FUNCTIONS_DIR = REPO_ROOT / "functions"
+assert RUNTIME.name == f"python{PYTHON_VERSION}", "the layer is bundled for another Python"
+
+_SEND = ("sqs:SendMessage",)
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """One Lambda function: ``functions/<name>/handler.py`` exposing ``lambda_handler``."""
+
+    name: str
+    description: str
+    timeout_seconds: int
+    memory_mib: int
+    #: exact actions on exact resources, read off the code the handler runs
+    access: tuple[Access, ...]
+    #: tier whose queue invokes this function (SQS event source, partial batch failures)
+    queue_source: str | None = None
+    #: Lambda's own retries of an asynchronous invocation (scheduled ones: the next schedule is the retry)
+    async_retries: int = 2
+    #: the folder holding handler.py (default ``functions/<name>``)
+    source: Path | None = field(default=None, compare=False)
+
+    @property
+    def code_dir(self) -> Path:
+        return self.source or FUNCTIONS_DIR / self.name
+
+
+#: The API serves ``duetime.jobs``: create (put job, then claim: put run, advance job, send), get job
+#: (GetItem), list runs (Query on the runs table), get run (GetItem), run logs (GetObject; ListBucket so a
+#: missing object reads as NoSuchKey, not AccessDenied).
+API = FunctionSpec(
+    "api",
+    "Duetime HTTP API: submit and read jobs, runs and logs",
+    timeout_seconds=10,
+    memory_mib=512,
+    access=(
+        allow(Target.JOBS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
+        allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"),
+        allow(Target.QUEUES, *_SEND),
+        allow(Target.LOG_OBJECTS, "s3:GetObject"),
+        allow(Target.LOGS_BUCKET, "s3:ListBucket"),
+    ),
+)
+#: The tick runs ``duetime.claims.tick``: Query the due index, then per job PutItem run, UpdateItem job,
+#: SendMessage to the run's tier.
+TICK = FunctionSpec(
+    "tick",
+    "Duetime tick: claim the due runs of one shard",
+    timeout_seconds=60,
+    memory_mib=512,
+    access=(
+        allow(Target.JOBS_DUE_INDEX, "dynamodb:Query"),
+        allow(Target.JOBS, "dynamodb:UpdateItem"),
+        allow(Target.RUNS, "dynamodb:PutItem"),
+        allow(Target.QUEUES, *_SEND),
+    ),
+    async_retries=0,
+)
+#: The sweeper runs ``duetime.sweeper.sweep``: Query the watchdog index, UpdateItem runs, SendMessage.
+SWEEPER = FunctionSpec(
+    "sweeper",
+    "Duetime sweeper: re-send lost runs, expire leases, release retries",
+    timeout_seconds=120,
+    memory_mib=512,
+    access=(
+        allow(Target.RUNS_WATCH_INDEX, "dynamodb:Query"),
+        allow(Target.RUNS, "dynamodb:UpdateItem"),
+        allow(Target.QUEUES, *_SEND),
+    ),
+    async_retries=0,
+)
+
+FUNCTIONS: tuple[FunctionSpec, ...] = (API, TICK, SWEEPER)
+
+
+class Functions(Construct):
+    """The core layer and one function (with role and log group) per :class:`FunctionSpec`."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: StageConfig,
+        specs: tuple[FunctionSpec, ...],
+        catalogue: Catalogue,
+        queues: TierQueues,
+        environment: dict[str, str],
+    ) -> None:
+        super().__init__(scope, id)
+        self.layer = lambda_.LayerVersion(
+            self,
+            "CoreLayer",
+            code=lambda_.Code.from_asset(
+                str(LAYER_SOURCE), exclude=list(LAYER_EXCLUDES), bundling=layer_bundling()
+            ),
+            compatible_runtimes=[RUNTIME],
+            compatible_architectures=[ARCHITECTURE],
+            description="Duetime core library (python/duetime) and its dependencies",
+        )
+        self.functions: dict[str, lambda_.Function] = {}
+        self.log_groups: dict[str, logs.LogGroup] = {}
+        for spec in specs:
+            self._add(spec, config=config, catalogue=catalogue, queues=queues, environment=environment)
+
+    def _add(
+        self,
+        spec: FunctionSpec,
+        *,
+        config: StageConfig,
+        catalogue: Catalogue,
+        queues: TierQueues,
+        environment: dict[str, str],
+    ) -> None:
+        name = spec.name.capitalize()
+        log_group = logs.LogGroup(
+            self,
+            f"{name}Logs",
+            retention=logs.RetentionDays[config.log_retention],
+            removal_policy=RemovalPolicy.RETAIN if config.retain_data else RemovalPolicy.DESTROY,
+        )
+        role = iam.Role(
+            self,
+            f"{name}Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"Duetime {spec.name} function: only the access its code needs",
+        )
+        log_group.grant_write(role)
+        catalogue.grant(role, spec.access)
+        function = lambda_.Function(
+            self,
+            name,
+            description=spec.description,
+            runtime=RUNTIME,
+            architecture=ARCHITECTURE,
+            handler=HANDLER,
+            code=lambda_.Code.from_asset(str(spec.code_dir), exclude=["__pycache__", "*.pyc"]),
+            layers=[self.layer],
+            role=role,
+            timeout=Duration.seconds(spec.timeout_seconds),
+            memory_size=spec.memory_mib,
+            environment=environment,
+            log_group=log_group,
+            logging_format=lambda_.LoggingFormat.JSON,
+            application_log_level_v2=lambda_.ApplicationLogLevel.INFO,
+            system_log_level_v2=lambda_.SystemLogLevel.WARN,
+            tracing=lambda_.Tracing.ACTIVE,
+            retry_attempts=spec.async_retries,
+        )
+        acknowledge(
+            role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "X-Ray's PutTraceSegments/PutTelemetryRecords support no resource-level permissions (AWS requires *)",
+        )
+        acknowledge(
+            function,
+            "AwsSolutions-L1",
+            f"pinned to python{PYTHON_VERSION}: the core layer is bundled and tested for it; upgrade both together",
+        )
+        if spec.queue_source is not None:
+            queue = queues.queue(spec.queue_source)
+            needed = EVENT_SOURCE_VISIBILITY_FACTOR * spec.timeout_seconds
+            if visibility_seconds(spec.queue_source) < needed:
+                raise ValueError(
+                    f"{spec.name}: the {spec.queue_source} queue's visibility timeout must be >= {needed} s"
+                )
+            function.add_event_source(SqsEventSource(queue, batch_size=10, report_batch_item_failures=True))
+        self.functions[spec.name] = function
+        self.log_groups[spec.name] = log_group

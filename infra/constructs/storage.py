@@ -1,0 +1,154 @@
+"""Storage: the jobs, runs and idempotency tables and the run-logs bucket (DESIGN.md section 3).
+
+The tables are built from ``duetime.resources``' ``create_table`` definitions, the same ones the local stack
+and the integration tests create, so keys, attribute types and indexes cannot drift between AWS and moto.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_dynamodb as ddb
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from duetime.resources import RUNS_TTL_ATTRIBUTE, jobs_table_definition, runs_table_definition
+from infra.config import StageConfig
+from infra.nag import acknowledge
+
+#: Powertools idempotency's DynamoDB persistence layer defaults (``DynamoDBPersistenceLayer``).
+IDEMPOTENCY_KEY_ATTRIBUTE = "id"
+IDEMPOTENCY_TTL_ATTRIBUTE = "expiration"
+
+_TYPES = {"S": ddb.AttributeType.STRING, "N": ddb.AttributeType.NUMBER, "B": ddb.AttributeType.BINARY}
+_PROJECTIONS = {
+    "ALL": ddb.ProjectionType.ALL,
+    "KEYS_ONLY": ddb.ProjectionType.KEYS_ONLY,
+    "INCLUDE": ddb.ProjectionType.INCLUDE,
+}
+
+
+def _keys(
+    definition: dict[str, Any], key_schema: list[dict[str, str]]
+) -> tuple[ddb.Attribute, ddb.Attribute | None]:
+    """(partition key, sort key or None) of a boto3 KeySchema, typed from the AttributeDefinitions."""
+    types = {a["AttributeName"]: a["AttributeType"] for a in definition["AttributeDefinitions"]}
+    keys = {
+        k["KeyType"]: ddb.Attribute(name=k["AttributeName"], type=_TYPES[types[k["AttributeName"]]])
+        for k in key_schema
+    }
+    return keys["HASH"], keys.get("RANGE")
+
+
+def table_from_definition(
+    scope: Construct,
+    id: str,
+    definition: dict[str, Any],
+    *,
+    config: StageConfig,
+    time_to_live_attribute: str | None = None,
+) -> ddb.Table:
+    """A DynamoDB table (on-demand, PITR, encrypted) with the keys and GSIs of a ``create_table`` definition.
+
+    ``TableName`` is ignored: CloudFormation names the table so that stages can share an account.
+    """
+    if definition.get("BillingMode") != "PAY_PER_REQUEST":
+        raise ValueError(f"{id}: Duetime's tables are on-demand")
+    partition_key, sort_key = _keys(definition, definition["KeySchema"])
+    table = ddb.Table(
+        scope,
+        id,
+        partition_key=partition_key,
+        sort_key=sort_key,
+        billing_mode=ddb.BillingMode.PAY_PER_REQUEST,
+        encryption=ddb.TableEncryption.AWS_MANAGED,
+        point_in_time_recovery_specification=ddb.PointInTimeRecoverySpecification(
+            point_in_time_recovery_enabled=True
+        ),
+        time_to_live_attribute=time_to_live_attribute,
+        deletion_protection=config.retain_data,
+        removal_policy=RemovalPolicy.RETAIN if config.retain_data else RemovalPolicy.DESTROY,
+    )
+    for gsi in definition.get("GlobalSecondaryIndexes", []):
+        projection = gsi["Projection"]
+        partition_key, sort_key = _keys(definition, gsi["KeySchema"])
+        table.add_global_secondary_index(
+            index_name=gsi["IndexName"],
+            partition_key=partition_key,
+            sort_key=sort_key,
+            projection_type=_PROJECTIONS[projection["ProjectionType"]],
+            non_key_attributes=projection.get("NonKeyAttributes"),
+        )
+    return table
+
+
+class Storage(Construct):
+    """Tables and the logs bucket.
+
+    Attributes:
+        jobs: pk ``job_id``; GSIs ``due`` (shard, next_fire_at) and ``by_tenant`` (tenant, created_at).
+        runs: pk ``job_id``, sk ``due_at``; GSI ``watchdog`` (watch_shard, watch_at) and whatever else
+            ``runs_table_definition`` declares; TTL ``expires_at``.
+        idempotency: Powertools idempotency records for ``POST /jobs`` (pk ``id``, TTL ``expiration``).
+        logs_bucket: run logs, ``logs/<job>/<run>/attempt-<n>.log``, expired after the run retention.
+        access_logs_bucket: S3 server access logs of the logs bucket.
+    """
+
+    def __init__(self, scope: Construct, id: str, *, config: StageConfig) -> None:
+        super().__init__(scope, id)
+        self.jobs = table_from_definition(self, "Jobs", jobs_table_definition("jobs"), config=config)
+        self.runs = table_from_definition(
+            self,
+            "Runs",
+            runs_table_definition("runs"),
+            config=config,
+            time_to_live_attribute=RUNS_TTL_ATTRIBUTE,
+        )
+        self.idempotency = table_from_definition(
+            self,
+            "Idempotency",
+            {
+                "BillingMode": "PAY_PER_REQUEST",
+                "KeySchema": [{"AttributeName": IDEMPOTENCY_KEY_ATTRIBUTE, "KeyType": "HASH"}],
+                "AttributeDefinitions": [{"AttributeName": IDEMPOTENCY_KEY_ATTRIBUTE, "AttributeType": "S"}],
+            },
+            config=config,
+            time_to_live_attribute=IDEMPOTENCY_TTL_ATTRIBUTE,
+        )
+
+        self.access_logs_bucket = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,  # server access logging requires SSE-S3
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            enforce_ssl=True,
+            minimum_tls_version=1.2,
+            lifecycle_rules=[s3.LifecycleRule(id="expire", expiration=Duration.days(config.retention_days))],
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        acknowledge(
+            self.access_logs_bucket,
+            "AwsSolutions-S1",
+            "this bucket is the server-access-log target of the logs bucket; logging it too would loop",
+        )
+        self.logs_bucket = s3.Bucket(
+            self,
+            "Logs",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,  # ACLs disabled
+            enforce_ssl=True,
+            minimum_tls_version=1.2,
+            server_access_logs_bucket=self.access_logs_bucket,
+            server_access_logs_prefix="logs-bucket/",
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="expire-with-runs",
+                    expiration=Duration.days(config.retention_days),
+                    abort_incomplete_multipart_upload_after=Duration.days(1),
+                )
+            ],
+            removal_policy=RemovalPolicy.RETAIN,
+        )

@@ -1,0 +1,40 @@
+"""The runtime environment of every Duetime process in AWS (functions and workers).
+
+Built through ``duetime.settings`` itself: a :class:`~duetime.settings.Settings` is validated with the stack's
+resource names (CloudFormation tokens) and the stage's values, then turned into variables by
+``settings_to_env``, so the names are exactly the ones the code reads and every value passes the code's own
+validation at synth time. ``DUETIME_QUEUE_URLS`` is rendered by CloudFormation (``Fn::Join``) so that the
+URLs, unknown until deploy, end up inside a real JSON object.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Stack
+from constructs import Construct
+
+from duetime.settings import Settings, settings_to_env
+from infra.config import StageConfig
+from infra.constructs.queues import TierQueues
+from infra.constructs.storage import Storage
+
+#: EventBridge Scheduler invokes every shard's tick at this period, seconds (``rate(1 minute)``).
+TICK_PERIOD_SECONDS = 60
+QUEUE_URLS_VAR = "DUETIME_QUEUE_URLS"
+
+
+def runtime_environment(
+    scope: Construct, *, config: StageConfig, storage: Storage, queues: TierQueues
+) -> dict[str, str]:
+    """Every ``DUETIME_*`` variable (``settings.ENV_VARS``) for this stack and stage."""
+    settings = Settings(
+        jobs_table=storage.jobs.table_name,
+        runs_table=storage.runs.table_name,
+        logs_bucket=storage.logs_bucket.bucket_name,
+        queue_urls=queues.urls,
+        shard_count=config.shard_count,
+        tick_period_seconds=TICK_PERIOD_SECONDS,
+        run_retention_days=config.retention_days,
+    )
+    env = settings_to_env(settings)
+    env[QUEUE_URLS_VAR] = Stack.of(scope).to_json_string(queues.urls)
+    return env

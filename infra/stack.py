@@ -1,0 +1,71 @@
+"""The Duetime stack: composition only. Constructs per concern, wired together; tags; nothing else."""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Environment, Stack, Tags
+from constructs import Construct
+
+from infra.config import StageConfig
+from infra.constructs.access import Catalogue
+from infra.constructs.api import Api
+from infra.constructs.executors import Executors
+from infra.constructs.functions import FUNCTIONS, Functions, FunctionSpec
+from infra.constructs.monitoring import Monitoring
+from infra.constructs.queues import TierQueues
+from infra.constructs.scheduler import Schedules
+from infra.constructs.storage import Storage
+from infra.environment import runtime_environment
+
+
+def stack_id(config: StageConfig) -> str:
+    """``Duetime-<stage>``: also the CloudFormation stack name, which prefixes every generated name."""
+    return f"Duetime-{config.name}"
+
+
+class DuetimeStack(Stack):
+    """Everything in DESIGN.md section 2 except the timeout-handler state machine (a later issue)."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: StageConfig,
+        functions: tuple[FunctionSpec, ...] = FUNCTIONS,
+    ) -> None:
+        env = Environment(account=config.account, region=config.region) if config.account else None
+        super().__init__(scope, id, env=env, description=f"Duetime job scheduler ({config.name})")
+        self.config = config
+        Tags.of(self).add("app", "duetime")
+        Tags.of(self).add("stage", config.name)
+
+        self.storage = Storage(self, "Storage", config=config)
+        self.queues = TierQueues(self, "Queues")
+        catalogue = Catalogue(self.storage, self.queues)
+        environment = runtime_environment(self, config=config, storage=self.storage, queues=self.queues)
+
+        self.functions = Functions(
+            self,
+            "Functions",
+            config=config,
+            specs=functions,
+            catalogue=catalogue,
+            queues=self.queues,
+            environment=environment,
+        )
+        fn = self.functions.functions
+        self.api = Api(self, "Api", config=config, handler=fn["api"])
+        self.schedules = Schedules(self, "Schedules", config=config, tick=fn["tick"], sweeper=fn["sweeper"])
+        self.executors = Executors(
+            self, "Executors", config=config, catalogue=catalogue, queues=self.queues, environment=environment
+        )
+        self.monitoring = Monitoring(
+            self, "Monitoring", config=config, queues=self.queues, api=self.api, functions=fn
+        )
+
+        CfnOutput(self, "ApiUrl", value=self.api.url, description="HTTP API endpoint (SigV4 or JWT)")
+        CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn)
+        CfnOutput(self, "DashboardName", value=self.monitoring.dashboard.dashboard_name)
+        CfnOutput(self, "JobsTableName", value=self.storage.jobs.table_name)
+        CfnOutput(self, "RunsTableName", value=self.storage.runs.table_name)
+        CfnOutput(self, "LogsBucketName", value=self.storage.logs_bucket.bucket_name)

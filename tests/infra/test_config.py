@@ -1,0 +1,81 @@
+"""Stage configuration: defaults, cdk.json presets, -c overrides and the checks that fail a synth early."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from infra.config import StageConfig, WorkerTierConfig, stage_from_context
+
+CDK_JSON = Path(__file__).resolve().parents[2] / "cdk.json"
+
+
+def context(**values: Any) -> Any:
+    return lambda key: values.get(key)
+
+
+def test_without_context_the_stage_is_dev_with_defaults() -> None:
+    config = stage_from_context(context())
+
+    assert config == StageConfig(name="dev")
+    assert config.authorizer == "iam"
+
+
+def test_a_preset_overlays_the_defaults_one_tier_at_a_time() -> None:
+    presets = {"prod": {"shard_count": 16, "workers": {"large": {"max_tasks": 7}}}}
+
+    config = stage_from_context(context(stage="prod", stages=presets))
+
+    assert config.shard_count == 16
+    assert config.workers["large"].max_tasks == 7
+    assert config.workers["large"].cpu == StageConfig().workers["large"].cpu
+    assert config.workers["small"] == StageConfig().workers["small"]
+
+
+def test_a_context_override_beats_the_preset() -> None:
+    get = context(stage="prod", stages={"prod": {"shard_count": 16}}, **{"duetime:shard_count": "8"})
+
+    assert stage_from_context(get).shard_count == 8
+
+
+def test_an_unknown_stage_name_gets_the_defaults_under_its_own_name() -> None:
+    config = stage_from_context(context(stage="alice"))
+
+    assert config.name == "alice"
+    assert config.shard_count == StageConfig().shard_count
+
+
+def test_cdk_json_presets_are_valid_stages() -> None:
+    ctx = json.loads(CDK_JSON.read_text())["context"]
+
+    for name in ctx["stages"]:
+        assert stage_from_context(context(stage=name, stages=ctx["stages"])).name == name
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"shard_count": 0}, "shard_count"),
+        ({"log_retention_days": 10}, "log_retention_days"),
+        ({"authorizer": "jwt"}, "jwt_issuer"),
+        ({"name": "has space"}, "name"),
+        (
+            {"workers": {"small": {"cpu": 256, "memory_mib": 512, "min_tasks": 1, "max_tasks": 1}}},
+            "exactly the tiers",
+        ),
+    ],
+)
+def test_bad_stage_settings_are_rejected_naming_the_setting(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        StageConfig.model_validate({**StageConfig().model_dump(), **change})
+
+
+def test_fargate_refuses_sizes_it_cannot_run() -> None:
+    with pytest.raises(ValidationError, match="Fargate"):
+        WorkerTierConfig(cpu=256, memory_mib=4096, min_tasks=0, max_tasks=1)
+    with pytest.raises(ValidationError, match="min_tasks"):
+        WorkerTierConfig(cpu=256, memory_mib=512, min_tasks=3, max_tasks=1)

@@ -53,6 +53,7 @@ def settings(aws_mock: None, names: ResourceNames) -> Settings:
         heartbeat_seconds=10,
         pending_grace_seconds=60,
         kill_grace_seconds=1,
+        idempotency_table=names.idempotency_table,
     )
 
 

@@ -11,16 +11,31 @@ from duetime.local.lambda_runtime import LocalLambdaContext
 
 
 def http_event(
-    method: str, path: str, body: Any = None, query: dict[str, str] | None = None, raw_body: str | None = None
+    method: str,
+    path: str,
+    body: Any = None,
+    query: dict[str, str] | None = None,
+    raw_body: str | None = None,
+    headers: dict[str, str] | None = None,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
-    """An API Gateway HTTP API (payload 2.0) event."""
+    """An API Gateway HTTP API (payload 2.0) event; ``tenant`` puts a JWT authorizer's ``sub`` claim in it."""
     text = raw_body if raw_body is not None else (json.dumps(body) if body is not None else None)
+    event = _event(method, path, text, query, headers)
+    if tenant is not None:
+        event["requestContext"]["authorizer"] = {"jwt": {"claims": {"sub": tenant}, "scopes": []}}
+    return event
+
+
+def _event(
+    method: str, path: str, text: str | None, query: dict[str, str] | None, headers: dict[str, str] | None
+) -> dict[str, Any]:
     return {
         "version": "2.0",
         "routeKey": "$default",
         "rawPath": path,
         "rawQueryString": "&".join(f"{k}={v}" for k, v in (query or {}).items()),
-        "headers": {"content-type": "application/json"},
+        "headers": {"content-type": "application/json", **(headers or {})},
         "queryStringParameters": query,
         "requestContext": {
             "accountId": "000000000000",

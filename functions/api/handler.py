@@ -12,11 +12,11 @@ from typing import Annotated, Any, Literal
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
-from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.event_handler.openapi.params import Header, Query
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from duetime import jobs
+from duetime import __version__, idempotency, jobs
 from duetime.api_models import (
     CreateJobRequest,
     ErrorResponse,
@@ -34,6 +34,12 @@ from duetime.observability import logger
 from duetime.store import JobExistsError
 
 app = APIGatewayHttpResolver(enable_validation=True)
+app.enable_swagger(
+    path="/docs",
+    title="Duetime",
+    version=__version__,
+    summary="Submit jobs to run now, at a set time or on a schedule; read their runs and logs.",
+)
 
 #: Tenant of requests that carry no authorizer identity (the single-tenant local stack).
 DEFAULT_TENANT = "local"
@@ -113,19 +119,52 @@ def _no_route(_: Exception) -> Response[str]:
     return error(404, "no_such_route", f"no route {app.current_event.http_method} {app.current_event.path}")
 
 
+@app.get("/openapi.json", include_in_schema=False)
+def openapi_json() -> Response[str]:
+    schema = app.get_openapi_json_schema(title="Duetime", version=__version__)
+    return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=schema)
+
+
 @app.get("/healthz")
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
 @app.post("/jobs")
-def create_job(body: CreateJobRequest) -> Response[str]:
-    job = jobs.create_job(body, tenant=current_tenant(), deps=default_deps())
+def create_job(
+    body: CreateJobRequest,
+    idempotency_key: Annotated[str | None, Header(alias="idempotency-key", max_length=255)] = None,
+) -> Response[str]:
+    tenant, deps = current_tenant(), default_deps()
+
+    def submit() -> dict[str, Any]:
+        job = jobs.create_job(body, tenant=tenant, deps=deps)
+        return {
+            "status": 201,
+            "body": _job_response(job).model_dump_json(),
+            "location": f"/jobs/{job.job_id}",
+        }
+
+    return _replayable(
+        idempotency.once(
+            idempotency_key,
+            tenant=tenant,
+            route="POST /jobs",
+            body=body.model_dump(mode="json"),
+            settings=deps.settings,
+            handler=submit,
+        )
+    )
+
+
+def _replayable(stored: dict[str, Any]) -> Response[str]:
+    """The HTTP response of a (possibly replayed) idempotent action."""
+    headers = {"Location": stored["location"]} if stored.get("location") else None
     return Response(
-        status_code=201,
+        status_code=stored["status"],
         content_type=content_types.APPLICATION_JSON,
-        body=_job_response(job).model_dump_json(),
-        headers={"Location": f"/jobs/{job.job_id}"},
+        body=stored["body"],
+        headers=headers,
     )
 
 
@@ -180,15 +219,30 @@ def resume_job(job_id: str) -> JobResponse:
 
 
 @app.post("/jobs/<job_id>/trigger")
-def trigger_job(job_id: str, ignore_overlap: Annotated[bool, Query()] = False) -> Response[str]:
-    run = jobs.trigger_job(
-        job_id, tenant=current_tenant(), deps=default_deps(), ignore_overlap=ignore_overlap
-    )
-    return Response(
-        status_code=202,
-        content_type=content_types.APPLICATION_JSON,
-        body=RunResponse.of(run).model_dump_json(),
-        headers={"Location": f"/runs/{run.run_id}"},
+def trigger_job(
+    job_id: str,
+    ignore_overlap: Annotated[bool, Query()] = False,
+    idempotency_key: Annotated[str | None, Header(alias="idempotency-key", max_length=255)] = None,
+) -> Response[str]:
+    tenant, deps = current_tenant(), default_deps()
+
+    def trigger() -> dict[str, Any]:
+        run = jobs.trigger_job(job_id, tenant=tenant, deps=deps, ignore_overlap=ignore_overlap)
+        return {
+            "status": 202,
+            "body": RunResponse.of(run).model_dump_json(),
+            "location": f"/runs/{run.run_id}",
+        }
+
+    return _replayable(
+        idempotency.once(
+            idempotency_key,
+            tenant=tenant,
+            route=f"POST /jobs/{job_id}/trigger",
+            body={"ignore_overlap": ignore_overlap},
+            settings=deps.settings,
+            handler=trigger,
+        )
     )
 
 
@@ -240,8 +294,28 @@ def list_dead_letters(limit: Annotated[int, Query(ge=1, le=100)] = 20) -> RunLis
 
 
 @app.post("/runs/<run_id>/retry")
-def retry_run(run_id: str) -> RunResponse:
-    return RunResponse.of(jobs.redrive(run_id, tenant=current_tenant(), deps=default_deps()))
+def retry_run(
+    run_id: str,
+    idempotency_key: Annotated[str | None, Header(alias="idempotency-key", max_length=255)] = None,
+) -> Response[str]:
+    tenant, deps = current_tenant(), default_deps()
+
+    def redrive() -> dict[str, Any]:
+        return {
+            "status": 200,
+            "body": RunResponse.of(jobs.redrive(run_id, tenant=tenant, deps=deps)).model_dump_json(),
+        }
+
+    return _replayable(
+        idempotency.once(
+            idempotency_key,
+            tenant=tenant,
+            route=f"POST /runs/{run_id}/retry",
+            body={},
+            settings=deps.settings,
+            handler=redrive,
+        )
+    )
 
 
 @app.get("/schedules/preview")

@@ -45,6 +45,10 @@ SHARD_LEASE_PREFIX = "#shard-lease#"
 #: TTL attribute on runs (epoch seconds).
 RUNS_TTL_ATTRIBUTE = "expires_at"
 
+# --- idempotency table (Powertools idempotency persistence) -------------------------------------------
+IDEMPOTENCY_PK = "id"
+IDEMPOTENCY_TTL_ATTRIBUTE = "expiration"
+
 # --- queues -----------------------------------------------------------------------------------------------
 #: SQS caps DelaySeconds at 900 (15 minutes).
 SQS_MAX_DELAY_SECONDS = 900
@@ -68,6 +72,8 @@ class ResourceNames(BaseModel):
     queues: dict[str, str]
     #: tier -> dead-letter queue name
     dead_letter_queues: dict[str, str]
+    #: Powertools idempotency records of ``Idempotency-Key`` requests
+    idempotency_table: str = ""
 
     @classmethod
     def for_prefix(cls, prefix: str) -> ResourceNames:
@@ -78,6 +84,7 @@ class ResourceNames(BaseModel):
             logs_bucket=f"{prefix}-logs",
             queues={tier: f"{prefix}-{tier}" for tier in ALL_TIERS},
             dead_letter_queues={tier: f"{prefix}-{tier}-dlq" for tier in ALL_TIERS},
+            idempotency_table=f"{prefix}-idempotency",
         )
 
 
@@ -162,6 +169,16 @@ def runs_table_definition(name: str) -> dict[str, Any]:
     }
 
 
+def idempotency_table_definition(name: str) -> dict[str, Any]:
+    """``dynamodb.create_table`` arguments for Powertools' idempotency table (pk ``id``, TTL ``expiration``)."""
+    return {
+        "TableName": name,
+        "BillingMode": "PAY_PER_REQUEST",
+        "KeySchema": [{"AttributeName": IDEMPOTENCY_PK, "KeyType": "HASH"}],
+        "AttributeDefinitions": [{"AttributeName": IDEMPOTENCY_PK, "AttributeType": "S"}],
+    }
+
+
 def queue_attributes(dead_letter_arn: str, *, tier: str) -> dict[str, str]:
     """``sqs.create_queue`` attributes of a tier's queue, with its redrive policy to ``dead_letter_arn``."""
     import json
@@ -201,6 +218,12 @@ def create_all(names: ResourceNames, *, session: Any = None) -> dict[str, str]:
         ddb.update_time_to_live(
             TableName=names.runs_table,
             TimeToLiveSpecification={"Enabled": True, "AttributeName": RUNS_TTL_ATTRIBUTE},
+        )
+    if names.idempotency_table and names.idempotency_table not in existing:
+        ddb.create_table(**idempotency_table_definition(names.idempotency_table))
+        ddb.update_time_to_live(
+            TableName=names.idempotency_table,
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": IDEMPOTENCY_TTL_ATTRIBUTE},
         )
 
     s3 = sess.client("s3")

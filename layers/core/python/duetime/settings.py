@@ -56,6 +56,10 @@ class Settings(BaseModel):
     run_retention_days: int = Field(default=90, ge=1)
     #: the timeout-handler state machine; unset = the sweeper applies the same plan in-process.
     timeout_state_machine_arn: str | None = None
+    #: Powertools idempotency table for ``Idempotency-Key`` requests; unset = the header is refused.
+    idempotency_table: str | None = None
+    #: how long a response is replayed for a repeated ``Idempotency-Key``, seconds (Powertools default: 1 h)
+    idempotency_ttl_seconds: int = Field(default=3600, ge=60)
 
     @field_validator("queue_urls")
     @classmethod
@@ -93,6 +97,8 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_KILL_GRACE_SECONDS": "kill_grace_seconds",
     "DUETIME_RUN_RETENTION_DAYS": "run_retention_days",
     "DUETIME_TIMEOUT_STATE_MACHINE_ARN": "timeout_state_machine_arn",
+    "DUETIME_IDEMPOTENCY_TABLE": "idempotency_table",
+    "DUETIME_IDEMPOTENCY_TTL_SECONDS": "idempotency_ttl_seconds",
 }
 
 

@@ -108,6 +108,7 @@ class LocalStack:
             heartbeat_seconds=opts.heartbeat_seconds,
             pending_grace_seconds=opts.pending_grace_seconds,
             timeout_state_machine_arn=state_machine_arn,
+            idempotency_table=names.idempotency_table,
         )
         self.env = {
             **LOCAL_AWS_ENV,

@@ -1,0 +1,92 @@
+"""``Idempotency-Key`` requests: a retried request returns the first response (Powertools idempotency).
+
+The key is scoped by tenant and route; the request body is the payload Powertools validates, so the same key
+with a different body is refused (:class:`IdempotencyKeyReusedError`) instead of silently answering the
+first body's result. Records live in the idempotency table for ``idempotency_ttl_seconds``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+from aws_lambda_powertools.utilities.idempotency import (
+    DynamoDBPersistenceLayer,
+    IdempotencyConfig,
+    idempotent_function,
+)
+from aws_lambda_powertools.utilities.idempotency.exceptions import (
+    IdempotencyAlreadyInProgressError,
+    IdempotencyValidationError,
+)
+
+from duetime.errors import ConflictError, RequestFieldError
+from duetime.settings import Settings
+
+#: Longest accepted Idempotency-Key header (AWS's own ClientToken limit is 64; Stripe's is 255).
+MAX_KEY_LENGTH = 255
+
+
+class IdempotencyKeyReusedError(ConflictError):
+    """The same Idempotency-Key came with a different request body (HTTP 409)."""
+
+
+Response = dict[str, Any]
+
+
+@lru_cache(maxsize=4)
+def _runner(table: str, ttl_seconds: int) -> Callable[..., Response]:
+    persistence = DynamoDBPersistenceLayer(table_name=table)
+    config = IdempotencyConfig(
+        event_key_jmespath="key", payload_validation_jmespath="body", expires_after_seconds=ttl_seconds
+    )
+
+    @idempotent_function(  # type: ignore[untyped-decorator]
+        data_keyword_argument="request", persistence_store=persistence, config=config
+    )
+    def run(*, request: dict[str, Any], handler: Callable[[], Response]) -> Response:
+        return handler()
+
+    return run  # type: ignore[no-any-return]
+
+
+def once(
+    key: str | None,
+    *,
+    tenant: str,
+    route: str,
+    body: Any,
+    settings: Settings,
+    handler: Callable[[], Response],
+) -> Response:
+    """Call ``handler`` once per ``(tenant, route, key)``; later calls with that key replay its response.
+
+    Without a key, ``handler`` simply runs. ``handler`` returns a JSON-able dict (status, headers, body).
+
+    Raises:
+        RequestFieldError: the key is empty or too long, or the stack has no idempotency table.
+        IdempotencyKeyReusedError: the key was used with a different body.
+        ConflictError: the first request with this key is still being processed.
+    """
+    if key is None:
+        return handler()
+    if not key.strip() or len(key) > MAX_KEY_LENGTH:
+        raise RequestFieldError(f"Idempotency-Key: 1 to {MAX_KEY_LENGTH} characters", "Idempotency-Key")
+    if settings.idempotency_table is None:
+        raise RequestFieldError(
+            "Idempotency-Key: this deployment has no idempotency table", "Idempotency-Key"
+        )
+    request = {"key": f"{tenant}#{route}#{key}", "body": body}
+    try:
+        return _runner(settings.idempotency_table, settings.idempotency_ttl_seconds)(
+            request=request, handler=handler
+        )
+    except IdempotencyValidationError:
+        raise IdempotencyKeyReusedError(
+            f"Idempotency-Key {key!r} was already used with a different request body"
+        ) from None
+    except IdempotencyAlreadyInProgressError:
+        raise ConflictError(
+            f"a request with Idempotency-Key {key!r} is still in progress; retry shortly"
+        ) from None

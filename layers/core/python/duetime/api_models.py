@@ -120,8 +120,11 @@ class JobResponse(BaseModel):
         data["next_fire_times"] = next_fire_times or []
         if last_run is not None:
             data["last_run"] = RunSummary(
-                run_id=last_run.run_id, due_at=last_run.due_at, state=last_run.state,
-                exit_code=last_run.exit_code, finished_at=last_run.finished_at,
+                run_id=last_run.run_id,
+                due_at=last_run.due_at,
+                state=last_run.state,
+                exit_code=last_run.exit_code,
+                finished_at=last_run.finished_at,
             )
         return cls.model_validate(data)
 

@@ -12,6 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
+from duetime import cli_api
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Duetime: a distributed job scheduler.")
 
 
@@ -28,6 +30,12 @@ def local(
         float, typer.Option(min=1, help="a PENDING run this late is re-sent by the sweeper, seconds")
     ] = 60.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="handler logs and EMF metrics")] = False,
+    tenant: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME:TOKEN, repeatable: requests need `Authorization: Bearer TOKEN` and act as NAME"
+        ),
+    ] = None,
     aws_endpoint: Annotated[
         str | None,
         typer.Option(
@@ -40,6 +48,16 @@ def local(
 
     if heartbeat_seconds >= lease_seconds:
         raise typer.BadParameter("must be shorter than --lease-seconds", param_hint="--heartbeat-seconds")
+    tenants: dict[str, str] = {}
+    for spec in tenant or []:
+        name, sep, token = spec.partition(":")
+        if not sep or not name or not token:
+            raise typer.BadParameter(f"{spec!r} is not NAME:TOKEN", param_hint="--tenant")
+        if token in tenants:
+            raise typer.BadParameter(
+                f"token of {name!r} is already {tenants[token]!r}'s", param_hint="--tenant"
+            )
+        tenants[token] = name
     stack = LocalStack(
         LocalOptions(
             api_port=api_port,
@@ -52,6 +70,7 @@ def local(
             pending_grace_seconds=pending_grace_seconds,
             verbose=verbose,
             aws_endpoint=aws_endpoint,
+            tenants=tenants,
         )
     )
     try:
@@ -104,6 +123,9 @@ schedule_app = typer.Typer(no_args_is_help=True, help="Work with schedule expres
 import_app = typer.Typer(no_args_is_help=True, help="Import jobs from other schedulers.")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(import_app, name="import")
+app.add_typer(cli_api.jobs_app, name="jobs")
+app.add_typer(cli_api.runs_app, name="runs")
+app.command("dead-letters")(cli_api.dead_letters)
 
 
 def _instant(value: str | None, name: str) -> datetime | None:

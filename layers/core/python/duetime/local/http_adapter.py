@@ -80,15 +80,33 @@ def from_http_api_result(result: dict[str, Any]) -> Response:
 
 
 class HttpApiAdapter:
-    """WSGI app: request -> HTTP API event -> ``invoke`` -> response. A handler crash is a 500, as in AWS."""
+    """WSGI app: request -> HTTP API event -> ``invoke`` -> response. A handler crash is a 500, as in AWS.
 
-    def __init__(self, invoke: Invoke) -> None:
+    Args:
+        invoke: the Lambda handler, ``event -> result``.
+        tenants: bearer token -> tenant name. When given, the adapter acts as the HTTP API's JWT authorizer:
+            a request needs ``Authorization: Bearer <token>`` of a known tenant (else 401, API Gateway's
+            ``{"message": "Unauthorized"}``), and the tenant goes into the event as the ``sub`` claim at
+            ``requestContext.authorizer.jwt.claims``, where API Gateway puts a JWT's claims.
+    """
+
+    def __init__(self, invoke: Invoke, *, tenants: dict[str, str] | None = None) -> None:
         self.invoke = invoke
+        self.tenants = dict(tenants or {})
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         request = Request(environ)
+        event = to_http_api_event(request)
+        if self.tenants:
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            tenant = self.tenants.get(token.strip()) if scheme.lower() == "bearer" else None
+            if tenant is None:
+                denied = Response('{"message":"Unauthorized"}', status=401, content_type="application/json")
+                denied.headers["WWW-Authenticate"] = "Bearer"
+                return denied(environ, start_response)
+            event["requestContext"]["authorizer"] = {"jwt": {"claims": {"sub": tenant}, "scopes": []}}
         try:
-            result = self.invoke(to_http_api_event(request))
+            result = self.invoke(event)
             response = from_http_api_result(result)
         except Exception:  # noqa: BLE001 - mirror API Gateway: an invocation error is a 500
             import traceback

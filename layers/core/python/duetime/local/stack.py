@@ -60,6 +60,8 @@ class LocalOptions:
     verbose: bool = False
     state_file: Path = STATE_FILE
     demo_file: Path | None = None
+    #: bearer token -> tenant; empty = every request is the single tenant `local`
+    tenants: dict[str, str] = field(default_factory=dict)
     #: reuse a moto server that is already running (its state survives a restart of Duetime's processes)
     aws_endpoint: str | None = None
 
@@ -176,8 +178,11 @@ class LocalStack:
         from duetime.local.http_adapter import HttpApiAdapter
         from duetime.local.lambda_runtime import handler
 
-        app = HttpApiAdapter(handler("api"))
+        app = HttpApiAdapter(handler("api"), tenants=self.options.tenants)
         self._api_server = make_server("127.0.0.1", self.options.api_port, app, threaded=True)
+        if self.options.tenants:
+            names = ", ".join(sorted(set(self.options.tenants.values())))
+            print(f"Tenants: {names} (Authorization: Bearer <token>)", flush=True)
         self.api_url = f"http://127.0.0.1:{self._api_server.server_port}"
         import logging
 

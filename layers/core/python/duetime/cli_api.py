@@ -1,0 +1,376 @@
+"""``duetime jobs|runs|dead-letters``: the HTTP API from a terminal. Tables for people, ``--json`` for scripts.
+
+Exit codes: 0 done; 1 the API refused the request (4xx); 2 bad usage; 3 not found (404); 4 the API failed
+or could not be reached (5xx, connection).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from duetime.client import ApiError, Client
+
+jobs_app = typer.Typer(no_args_is_help=True, help="Create, list, change and run jobs.")
+runs_app = typer.Typer(no_args_is_help=True, help="Read, follow, cancel and re-drive runs.")
+
+Api = Annotated[
+    str | None, typer.Option("--api", help="API URL (default: $DUETIME_API_URL, then the local stack)")
+]
+Token = Annotated[str | None, typer.Option("--token", help="bearer token (default: $DUETIME_TOKEN)")]
+SigV4 = Annotated[bool, typer.Option("--sigv4", help="sign with AWS SigV4 (a deployed, IAM-authorized API)")]
+AsJson = Annotated[bool, typer.Option("--json", help="print the API's JSON")]
+
+TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED"}
+_out = Console()
+
+
+def _call(api: str | None, token: str | None, sigv4: bool, method: str, path: str, **kw: Any) -> Any:
+    try:
+        return Client.resolve(api, token, sigv4).request(method, path, **kw)
+    except ApiError as exc:
+        typer.echo(f"duetime: {exc}", err=True)
+        code = 3 if exc.status == 404 else 4 if exc.status == 0 or exc.status >= 500 else 1
+        raise typer.Exit(code) from None
+
+
+def _show(data: Any, as_json: bool, table: Table | None = None) -> None:
+    if as_json or table is None:
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        _out.print(table)
+
+
+def _job_table(found: list[dict[str, Any]]) -> Table:
+    table = Table("job_id", "name", "state", "schedule", "next fire (UTC)", "last run")
+    for j in found:
+        sched = j.get("schedule") or {}
+        last = j.get("last_run") or {}
+        table.add_row(
+            j["job_id"],
+            j["name"],
+            j["state"],
+            f"{sched.get('expression', 'now')} {sched.get('timezone', '')}".strip(),
+            (j.get("next_fire_at") or "-")[:19],
+            last.get("state", "-"),
+        )
+    return table
+
+
+def _run_table(found: list[dict[str, Any]]) -> Table:
+    table = Table("run_id", "due (UTC)", "state", "attempt", "exit", "lag s", "trigger")
+    for r in found:
+        table.add_row(
+            r["run_id"],
+            r["due_at"][:19],
+            r["state"],
+            f"{r['attempt']}/{r['max_attempts']}",
+            str(r["exit_code"]) if r["exit_code"] is not None else "-",
+            str(r["lag_seconds"]) if r["lag_seconds"] is not None else "-",
+            r["trigger"],
+        )
+    return table
+
+
+def _body_from(file: Path | None) -> dict[str, Any]:
+    if file is None:
+        return {}
+    try:
+        data = json.loads(sys.stdin.read() if str(file) == "-" else file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise typer.BadParameter(f"cannot read a JSON object: {exc}", param_hint="--file") from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter("must hold a JSON object", param_hint="--file")
+    return data
+
+
+@jobs_app.command("create")
+def jobs_create(
+    command: Annotated[
+        list[str] | None, typer.Argument(help="the task's argv (after --), or one shell string")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="job name")] = None,
+    schedule: Annotated[
+        str | None, typer.Option(help="rate(...), at(...) or cron; omit to run once now")
+    ] = None,
+    tz: Annotated[str, typer.Option("--tz", help="IANA time zone of the schedule")] = "UTC",
+    tier: Annotated[str, typer.Option(help="small, medium or large")] = "small",
+    timeout: Annotated[int | None, typer.Option(help="timeout_seconds per attempt")] = None,
+    max_attempts: Annotated[int | None, typer.Option(help="retry.max_attempts")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="NAME=VALUE, repeatable")] = None,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="a full JSON job body (- = stdin)")
+    ] = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Idempotency-Key: a retry returns the first job")
+    ] = None,
+    api: Api = None,
+    token: Token = None,
+    sigv4: SigV4 = False,
+    as_json: AsJson = False,
+) -> None:
+    """Submit a job: `duetime jobs create --name backup --schedule "0 3 * * *" -- /usr/bin/backup --all`."""
+    body = _body_from(file)
+    if command:
+        argv = shlex.split(command[0]) if len(command) == 1 and " " in command[0] else list(command)
+        body["task"] = {**body.get("task", {}), "kind": "container", "command": argv, "tier": tier}
+    if env:
+        pairs = dict(e.split("=", 1) for e in env if "=" in e)
+        body.setdefault("task", {})["env"] = pairs
+    if name:
+        body["name"] = name
+    body.setdefault("name", (body.get("task", {}).get("command") or ["job"])[0].rsplit("/", 1)[-1])
+    if schedule:
+        body["schedule"] = {"expression": schedule, "timezone": tz}
+    if timeout is not None:
+        body["timeout_seconds"] = timeout
+    if max_attempts is not None:
+        body.setdefault("retry", {})["max_attempts"] = max_attempts
+    if "task" not in body:
+        raise typer.BadParameter("give the command after -- or a --file with a task", param_hint="COMMAND")
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+    job = _call(api, token, sigv4, "POST", "/jobs", body=body, headers=headers)
+    _show(job, as_json, _job_table([job]))
+
+
+@jobs_app.command("list")
+def jobs_list(
+    state: Annotated[str | None, typer.Option(help="ACTIVE, PAUSED, COMPLETED or DELETED")] = None,
+    prefix: Annotated[str | None, typer.Option(help="names starting with this")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    next_token: Annotated[str | None, typer.Option(help="the page after a previous listing")] = None,
+    api: Api = None,
+    token: Token = None,
+    sigv4: SigV4 = False,
+    as_json: AsJson = False,
+) -> None:
+    """Your jobs, newest first."""
+    page = _call(
+        api,
+        token,
+        sigv4,
+        "GET",
+        "/jobs",
+        query={"state": state, "name_prefix": prefix, "limit": limit, "next_token": next_token},
+    )
+    _show(page, as_json, _job_table(page["jobs"]))
+    if not as_json and page.get("next_token"):
+        typer.echo(f"more: --next-token {page['next_token']}")
+
+
+@jobs_app.command("get")
+def jobs_get(
+    job_id: str, api: Api = None, token: Token = None, sigv4: SigV4 = False, as_json: AsJson = False
+) -> None:
+    """One job with its next fire times and last run."""
+    job = _call(api, token, sigv4, "GET", f"/jobs/{job_id}")
+    if as_json:
+        _show(job, True)
+        return
+    _out.print(_job_table([job]))
+    for fire in job.get("next_fire_times", []):
+        typer.echo(f"  next: {fire}")
+
+
+@jobs_app.command("update")
+def jobs_update(
+    job_id: str,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="a JSON object of fields to change")
+    ] = None,
+    name: Annotated[str | None, typer.Option()] = None,
+    schedule: Annotated[str | None, typer.Option()] = None,
+    tz: Annotated[str, typer.Option("--tz")] = "UTC",
+    api: Api = None,
+    token: Token = None,
+    sigv4: SigV4 = False,
+    as_json: AsJson = False,
+) -> None:
+    """Change a job (PATCH): only the fields given change."""
+    body = _body_from(file)
+    if name:
+        body["name"] = name
+    if schedule:
+        body["schedule"] = {"expression": schedule, "timezone": tz}
+    if not body:
+        raise typer.BadParameter("nothing to change: give --file, --name or --schedule")
+    job = _call(api, token, sigv4, "PATCH", f"/jobs/{job_id}", body=body)
+    _show(job, as_json, _job_table([job]))
+
+
+def _action(verb: str, help_text: str) -> None:
+    def command(
+        job_id: str, api: Api = None, token: Token = None, sigv4: SigV4 = False, as_json: AsJson = False
+    ) -> None:
+        job = _call(api, token, sigv4, "POST", f"/jobs/{job_id}/{verb}")
+        _show(job, as_json, _job_table([job]))
+
+    command.__doc__ = help_text
+    jobs_app.command(verb)(command)
+
+
+_action("pause", "Pause a job: no new runs until resumed (runs in flight continue).")
+_action("resume", "Resume a paused job (its catch-up policy decides about the slots it missed).")
+
+
+@jobs_app.command("trigger")
+def jobs_trigger(
+    job_id: str,
+    ignore_overlap: Annotated[bool, typer.Option(help="run even if the overlap policy would not")] = False,
+    api: Api = None,
+    token: Token = None,
+    sigv4: SigV4 = False,
+    as_json: AsJson = False,
+) -> None:
+    """Run a job now (a manual run)."""
+    run = _call(
+        api,
+        token,
+        sigv4,
+        "POST",
+        f"/jobs/{job_id}/trigger",
+        query={"ignore_overlap": str(ignore_overlap).lower()},
+    )
+    _show(run, as_json, _run_table([run]))
+
+
+@jobs_app.command("delete")
+def jobs_delete(
+    job_id: str,
+    cancel_running: Annotated[bool, typer.Option(help="also cancel its runs in flight")] = False,
+    api: Api = None,
+    token: Token = None,
+    sigv4: SigV4 = False,
+    as_json: AsJson = False,
+) -> None:
+    """Delete a job: no further runs; its history stays readable."""
+    job = _call(
+        api, token, sigv4, "DELETE", f"/jobs/{job_id}", query={"cancel_running": str(cancel_running).lower()}
+    )
+    _show(job, as_json, _job_table([job]))
+
+
+@runs_app.command("list")
+def runs_list(
+    job_id: str,
+    state: Annotated[str | None, typer.Option()] = None,
+    since: Annotated[str | None, typer.Option(help="due at or after (ISO-8601 with offset)")] = None,
+    until: Annotated[str | None, typer.Option(help="due at or before (ISO-8601 with offset)")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    next_token: Annotated[str | None, typer.Option()] = None,
+    api: Api = None,
+    token: Token = None,
+    sigv4: SigV4 = False,
+    as_json: AsJson = False,
+) -> None:
+    """A job's runs, newest first."""
+    page = _call(
+        api,
+        token,
+        sigv4,
+        "GET",
+        f"/jobs/{job_id}/runs",
+        query={"state": state, "since": since, "until": until, "limit": limit, "next_token": next_token},
+    )
+    _show(page, as_json, _run_table(page["runs"]))
+    if not as_json and page.get("next_token"):
+        typer.echo(f"more: --next-token {page['next_token']}")
+
+
+@runs_app.command("get")
+def runs_get(
+    run_id: str, api: Api = None, token: Token = None, sigv4: SigV4 = False, as_json: AsJson = False
+) -> None:
+    """One run with its attempts."""
+    run = _call(api, token, sigv4, "GET", f"/runs/{run_id}")
+    if as_json:
+        _show(run, True)
+        return
+    _out.print(_run_table([run]))
+    table = Table("attempt", "state", "exit", "reason", "worker", "started", "finished")
+    for a in run["attempts"]:
+        table.add_row(
+            str(a["attempt"]),
+            a["state"],
+            str(a.get("exit_code", "-")),
+            a.get("reason") or "-",
+            a.get("worker") or "-",
+            (a.get("started_at") or "-")[:19],
+            (a.get("finished_at") or "-")[:19],
+        )
+    _out.print(table)
+    if run.get("error"):
+        typer.echo(f"error: {run['error']}")
+
+
+@runs_app.command("logs")
+def runs_logs(
+    run_id: str,
+    attempt: Annotated[int | None, typer.Option(min=1, help="an earlier attempt's log")] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="wait for the run to end, printing each attempt")
+    ] = False,
+    interval: Annotated[float, typer.Option(help="seconds between polls with --follow")] = 1.0,
+    api: Api = None,
+    token: Token = None,
+    sigv4: SigV4 = False,
+) -> None:
+    """Print a run's stdout+stderr."""
+    if not follow:
+        typer.echo(
+            _call(api, token, sigv4, "GET", f"/runs/{run_id}/logs", query={"attempt": attempt}), nl=False
+        )
+        return
+    printed: set[int] = set()
+    while True:
+        run = _call(api, token, sigv4, "GET", f"/runs/{run_id}")
+        for a in run["attempts"]:
+            if a["attempt"] not in printed and a.get("log_key"):
+                typer.echo(f"--- attempt {a['attempt']}: {a['state']} ---", err=True)
+                typer.echo(
+                    _call(api, token, sigv4, "GET", f"/runs/{run_id}/logs", query={"attempt": a["attempt"]}),
+                    nl=False,
+                )
+                printed.add(a["attempt"])
+        if run["state"] in TERMINAL:
+            typer.echo(f"--- run {run['state']} ---", err=True)
+            raise typer.Exit(0 if run["state"] == "SUCCEEDED" else 1)
+        time.sleep(interval)
+
+
+@runs_app.command("cancel")
+def runs_cancel(
+    run_id: str, api: Api = None, token: Token = None, sigv4: SigV4 = False, as_json: AsJson = False
+) -> None:
+    """Cancel a run (a running task is stopped through its fencing token)."""
+    run = _call(api, token, sigv4, "POST", f"/runs/{run_id}/cancel")
+    _show(run, as_json, _run_table([run]))
+
+
+@runs_app.command("retry")
+def runs_retry(
+    run_id: str, api: Api = None, token: Token = None, sigv4: SigV4 = False, as_json: AsJson = False
+) -> None:
+    """Re-drive a dead-lettered run."""
+    run = _call(api, token, sigv4, "POST", f"/runs/{run_id}/retry")
+    _show(run, as_json, _run_table([run]))
+
+
+def dead_letters(
+    limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    api: Api = None,
+    token: Token = None,
+    sigv4: SigV4 = False,
+    as_json: AsJson = False,
+) -> None:
+    """Runs that exhausted their attempts, newest first."""
+    page = _call(api, token, sigv4, "GET", "/dead-letters", query={"limit": limit})
+    _show(page, as_json, _run_table(page["runs"]))

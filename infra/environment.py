@@ -26,15 +26,19 @@ def runtime_environment(
     scope: Construct, *, config: StageConfig, storage: Storage, queues: TierQueues
 ) -> dict[str, str]:
     """Every ``DUETIME_*`` variable (``settings.ENV_VARS``) for this stack and stage."""
-    settings = Settings(
-        jobs_table=storage.jobs.table_name,
-        runs_table=storage.runs.table_name,
-        logs_bucket=storage.logs_bucket.bucket_name,
-        queue_urls=queues.urls,
-        shard_count=config.shard_count,
-        tick_period_seconds=TICK_PERIOD_SECONDS,
-        run_retention_days=config.retention_days,
-    )
+    values: dict[str, object] = {
+        "jobs_table": storage.jobs.table_name,
+        "runs_table": storage.runs.table_name,
+        "logs_bucket": storage.logs_bucket.bucket_name,
+        "queue_urls": queues.urls,
+        "shard_count": config.shard_count,
+        "tick_period_seconds": TICK_PERIOD_SECONDS,
+        "run_retention_days": config.retention_days,
+    }
+    if "idempotency_table" in Settings.model_fields:  # Powertools idempotency of Idempotency-Key requests
+        values["idempotency_table"] = storage.idempotency.table_name
+    # not set: timeout_state_machine_arn (no state machine yet: the sweeper settles timeouts in-process)
+    settings = Settings.model_validate(values)
     env = settings_to_env(settings)
     env[QUEUE_URLS_VAR] = Stack.of(scope).to_json_string(queues.urls)
     return env

@@ -15,7 +15,7 @@ from enum import StrEnum
 from aws_cdk import aws_iam as iam
 
 from duetime.logs import log_key
-from duetime.resources import DUE_INDEX, WATCH_INDEX
+from duetime.resources import jobs_table_definition, runs_table_definition
 from duetime.settings import ALL_TIERS
 from infra.constructs.queues import TierQueues
 from infra.constructs.storage import Storage
@@ -27,9 +27,7 @@ LOG_KEY_PREFIX = log_key("job", "run", 1).split("/", 1)[0] + "/"
 
 class Target(StrEnum):
     JOBS = "jobs table"
-    JOBS_DUE_INDEX = f"jobs table, index {DUE_INDEX}"
     RUNS = "runs table"
-    RUNS_WATCH_INDEX = f"runs table, index {WATCH_INDEX}"
     IDEMPOTENCY = "idempotency table"
     #: every tier's queue, or one tier's with ``Access.tier``
     QUEUES = "tier queues"
@@ -39,23 +37,34 @@ class Target(StrEnum):
     LOGS_BUCKET = "logs bucket"
 
 
+#: The indexes each table has, from the core's own definitions: an Access naming another index is refused.
+TABLE_INDEXES: dict[Target, frozenset[str]] = {
+    Target.JOBS: frozenset(g["IndexName"] for g in jobs_table_definition("-")["GlobalSecondaryIndexes"]),
+    Target.RUNS: frozenset(g["IndexName"] for g in runs_table_definition("-")["GlobalSecondaryIndexes"]),
+}
+
+
 @dataclass(frozen=True)
 class Access:
-    """Allow ``actions`` on ``target`` (for QUEUES: only ``tier``'s queue when it is set)."""
+    """Allow ``actions`` on ``target``: on one of its GSIs when ``index`` is set; for QUEUES, only on
+    ``tier``'s queue when ``tier`` is set."""
 
     target: Target
     actions: tuple[str, ...]
     tier: str | None = None
+    index: str | None = None
 
     def __post_init__(self) -> None:
         if not self.actions or any("*" in a for a in self.actions):
             raise ValueError(f"exact actions only, got {self.actions}")
         if self.tier is not None and (self.target is not Target.QUEUES or self.tier not in ALL_TIERS):
             raise ValueError(f"tier {self.tier!r} only applies to queues of {ALL_TIERS}")
+        if self.index is not None and self.index not in TABLE_INDEXES.get(self.target, ()):
+            raise ValueError(f"{self.target} has no index {self.index!r}")
 
 
-def allow(target: Target, *actions: str, tier: str | None = None) -> Access:
-    return Access(target, tuple(actions), tier)
+def allow(target: Target, *actions: str, tier: str | None = None, index: str | None = None) -> Access:
+    return Access(target, tuple(actions), tier, index)
 
 
 class Catalogue:
@@ -67,17 +76,12 @@ class Catalogue:
 
     def arns(self, access: Access) -> list[str]:
         s = self.storage
+        if access.target in (Target.JOBS, Target.RUNS, Target.IDEMPOTENCY):
+            table = {Target.JOBS: s.jobs, Target.RUNS: s.runs, Target.IDEMPOTENCY: s.idempotency}[
+                access.target
+            ]
+            return [f"{table.table_arn}/index/{access.index}" if access.index else table.table_arn]
         match access.target:
-            case Target.JOBS:
-                return [s.jobs.table_arn]
-            case Target.JOBS_DUE_INDEX:
-                return [f"{s.jobs.table_arn}/index/{DUE_INDEX}"]
-            case Target.RUNS:
-                return [s.runs.table_arn]
-            case Target.RUNS_WATCH_INDEX:
-                return [f"{s.runs.table_arn}/index/{WATCH_INDEX}"]
-            case Target.IDEMPOTENCY:
-                return [s.idempotency.table_arn]
             case Target.QUEUES:
                 tiers = [access.tier] if access.tier else list(ALL_TIERS)
                 return [self.queues.queue(t).queue_arn for t in tiers]

@@ -28,6 +28,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk.aws_lambda_event_sources import SqsEventSource
 from constructs import Construct
 
+from duetime.resources import ACTIVE_INDEX, DEAD_LETTER_INDEX, DUE_INDEX, JOBS_BY_TENANT_INDEX, WATCH_INDEX
 from infra.bundling import LAYER_EXCLUDES, LAYER_SOURCE, PYTHON_VERSION, REPO_ROOT, layer_bundling
 from infra.config import StageConfig
 from infra.constructs.access import Access, Catalogue, Target, allow
@@ -65,9 +66,15 @@ class FunctionSpec:
         return self.source or FUNCTIONS_DIR / self.name
 
 
-#: The API serves ``duetime.jobs``: create (put job, then claim: put run, advance job, send), get job
-#: (GetItem), list runs (Query on the runs table), get run (GetItem), run logs (GetObject; ListBucket so a
-#: missing object reads as NoSuchKey, not AccessDenied).
+#: Powertools idempotency (``DynamoDBPersistenceLayer``): get, put (conditional), update and delete records.
+IDEMPOTENCY_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
+
+#: The API serves ``duetime.jobs``: submit (put job, then claim: put run, advance job, send), read and list
+#: jobs (GetItem, Query by tenant), replace a job on PATCH/pause/resume/delete (conditional PutItem), trigger
+#: (put run, send), list runs (Query), read a run (GetItem), cancel or redrive a run (UpdateItem, then wake the
+#: job's next waiting run: Query the active index, GetItem, send), list dead letters (Query), read logs
+#: (GetObject; ListBucket so a missing object reads as NoSuchKey, not AccessDenied), and replay
+#: ``Idempotency-Key`` requests (Powertools).
 API = FunctionSpec(
     "api",
     "Duetime HTTP API: submit and read jobs, runs and logs",
@@ -75,36 +82,46 @@ API = FunctionSpec(
     memory_mib=512,
     access=(
         allow(Target.JOBS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
-        allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"),
+        allow(Target.JOBS, "dynamodb:Query", index=JOBS_BY_TENANT_INDEX),
+        allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"),
+        allow(Target.RUNS, "dynamodb:Query", index=ACTIVE_INDEX),
+        allow(Target.RUNS, "dynamodb:Query", index=DEAD_LETTER_INDEX),
+        allow(Target.IDEMPOTENCY, *IDEMPOTENCY_ACTIONS),
         allow(Target.QUEUES, *_SEND),
         allow(Target.LOG_OBJECTS, "s3:GetObject"),
         allow(Target.LOGS_BUCKET, "s3:ListBucket"),
     ),
 )
-#: The tick runs ``duetime.claims.tick``: Query the due index, then per job PutItem run, UpdateItem job,
-#: SendMessage to the run's tier.
+#: The tick runs ``duetime.claims.tick``: take the shard lease (UpdateItem on its item in the jobs table),
+#: Query the due index, then per job PutItem run, UpdateItem job, SendMessage to the run's tier; release.
 TICK = FunctionSpec(
     "tick",
     "Duetime tick: claim the due runs of one shard",
     timeout_seconds=60,
     memory_mib=512,
     access=(
-        allow(Target.JOBS_DUE_INDEX, "dynamodb:Query"),
+        allow(Target.JOBS, "dynamodb:Query", index=DUE_INDEX),
         allow(Target.JOBS, "dynamodb:UpdateItem"),
         allow(Target.RUNS, "dynamodb:PutItem"),
         allow(Target.QUEUES, *_SEND),
     ),
     async_retries=0,
 )
-#: The sweeper runs ``duetime.sweeper.sweep``: Query the watchdog index, UpdateItem runs, SendMessage.
+#: The sweeper runs ``duetime.sweeper.sweep``: Query the watchdog index; re-send PENDING runs and release
+#: retries (UpdateItem, send); skip runs past their starting deadline, expire leases and settle timed-out
+#: attempts in-process (no timeout state machine yet): UpdateItem, then retry wake-ups (send), the
+#: ``on_timeout: trigger`` run of another job (GetItem job, PutItem run, send) and the job's next waiting run
+#: (Query the active index, GetItem run, send).
 SWEEPER = FunctionSpec(
     "sweeper",
-    "Duetime sweeper: re-send lost runs, expire leases, release retries",
+    "Duetime sweeper: re-send lost runs, expire leases, release retries, settle timeouts",
     timeout_seconds=120,
     memory_mib=512,
     access=(
-        allow(Target.RUNS_WATCH_INDEX, "dynamodb:Query"),
-        allow(Target.RUNS, "dynamodb:UpdateItem"),
+        allow(Target.RUNS, "dynamodb:Query", index=WATCH_INDEX),
+        allow(Target.RUNS, "dynamodb:Query", index=ACTIVE_INDEX),
+        allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
+        allow(Target.JOBS, "dynamodb:GetItem"),
         allow(Target.QUEUES, *_SEND),
     ),
     async_retries=0,

@@ -115,3 +115,8 @@ def test_a_queue_fed_function_must_fit_six_times_in_the_visibility_timeout(stand
 def test_access_entries_refuse_wildcard_actions() -> None:
     with pytest.raises(ValueError, match="exact actions"):
         allow(Target.RUNS, "dynamodb:*")
+
+
+def test_access_entries_refuse_an_index_the_table_does_not_have() -> None:
+    with pytest.raises(ValueError, match="no index"):
+        allow(Target.RUNS, "dynamodb:Query", index="no_such_index")

@@ -17,7 +17,10 @@ pytest.importorskip("aws_cdk", reason=CDK_MISSING)
 
 from aws_cdk.assertions import Match  # noqa: E402
 
+from duetime import resources  # noqa: E402
 from duetime.resources import (  # noqa: E402
+    ACTIVE_INDEX,
+    DEAD_LETTER_INDEX,
     DLQ_RETENTION_SECONDS,
     DUE_INDEX,
     DUE_INDEX_PK,
@@ -179,6 +182,9 @@ def test_tables_are_on_demand_with_point_in_time_recovery_and_encryption(dev: Sy
 
 def test_runs_expire_by_ttl_and_idempotency_records_by_theirs(dev: Synthesized) -> None:
     t = tables(dev)
+    core_definition = getattr(resources, "idempotency_table_definition", None)
+    if core_definition is not None:
+        assert t["idempotency"]["KeySchema"] == core_definition("-")["KeySchema"]
 
     assert t["runs"]["TimeToLiveSpecification"] == {"AttributeName": RUNS_TTL_ATTRIBUTE, "Enabled": True}
     assert t["idempotency"]["KeySchema"] == [{"AttributeName": "id", "KeyType": "HASH"}]
@@ -371,15 +377,18 @@ def test_every_function_and_worker_gets_every_setting_the_code_reads(dev: Synthe
 def test_the_environment_carries_the_stages_non_default_settings(dev: Synthesized) -> None:
     """Read back by the code's own reader, each environment gives the stage's values, not code defaults."""
     s, q = dev.stack.storage, dev.stack.queues
-    expected = Settings(
-        jobs_table=f"<{logical_id(dev, s.jobs)}>",
-        runs_table=f"<{logical_id(dev, s.runs)}>",
-        logs_bucket=f"<{logical_id(dev, s.logs_bucket)}>",
-        queue_urls={t: f"<{logical_id(dev, q.queue(t))}>" for t in ALL_TIERS},
-        shard_count=dev.config.shard_count,
-        run_retention_days=dev.config.retention_days,
-        tick_period_seconds=60,  # the schedules' rate(1 minute)
-    )
+    values: dict[str, Any] = {
+        "jobs_table": f"<{logical_id(dev, s.jobs)}>",
+        "runs_table": f"<{logical_id(dev, s.runs)}>",
+        "logs_bucket": f"<{logical_id(dev, s.logs_bucket)}>",
+        "queue_urls": {t: f"<{logical_id(dev, q.queue(t))}>" for t in ALL_TIERS},
+        "shard_count": dev.config.shard_count,
+        "run_retention_days": dev.config.retention_days,
+        "tick_period_seconds": 60,  # the schedules' rate(1 minute)
+    }
+    if "idempotency_table" in Settings.model_fields:
+        values["idempotency_table"] = f"<{logical_id(dev, s.idempotency)}>"
+    expected = Settings.model_validate(values)
     for name, env in {**function_env(dev), **container_env(dev)}.items():
         assert settings_from_env({k: render(v) for k, v in env.items()}) == expected, name
 
@@ -420,7 +429,9 @@ def test_resource_star_only_where_aws_requires_it(dev: Synthesized) -> None:
 def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesized) -> None:
     fns = dev.stack.functions.functions
     s = dev.stack.storage
-    jobs, runs, bucket = (f"<{logical_id(dev, x)}>" for x in (s.jobs, s.runs, s.logs_bucket))
+    jobs, runs, idem, bucket = (
+        f"<{logical_id(dev, x)}>" for x in (s.jobs, s.runs, s.idempotency, s.logs_bucket)
+    )
     queues = {f"<{logical_id(dev, dev.stack.queues.queue(t))}>" for t in ALL_TIERS}
     xray = {"xray:PutTraceSegments": {"*"}, "xray:PutTelemetryRecords": {"*"}}
 
@@ -438,16 +449,24 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
         **xray,
     }
     assert grants("sweeper") == {
-        "dynamodb:Query": {f"{runs}/index/{WATCH_INDEX}"},
+        "dynamodb:Query": {f"{runs}/index/{WATCH_INDEX}", f"{runs}/index/{ACTIVE_INDEX}"},
+        "dynamodb:GetItem": {runs, jobs},
+        "dynamodb:PutItem": {runs},
         "dynamodb:UpdateItem": {runs},
         "sqs:SendMessage": queues,
         **xray,
     }
     assert grants("api") == {
-        "dynamodb:GetItem": {jobs, runs},
-        "dynamodb:PutItem": {jobs, runs},
-        "dynamodb:UpdateItem": {jobs},
-        "dynamodb:Query": {runs},
+        "dynamodb:GetItem": {jobs, runs, idem},
+        "dynamodb:PutItem": {jobs, runs, idem},
+        "dynamodb:UpdateItem": {jobs, runs, idem},
+        "dynamodb:DeleteItem": {idem},
+        "dynamodb:Query": {
+            runs,
+            f"{jobs}/index/{JOBS_BY_TENANT_INDEX}",
+            f"{runs}/index/{ACTIVE_INDEX}",
+            f"{runs}/index/{DEAD_LETTER_INDEX}",
+        },
         "sqs:SendMessage": queues,
         "s3:GetObject": {f"{bucket}/logs/*"},
         "s3:ListBucket": {bucket},
@@ -457,7 +476,8 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
 
 def test_each_worker_tier_may_pull_only_its_own_queue(dev: Synthesized) -> None:
     s = dev.stack.storage
-    runs, bucket = (f"<{logical_id(dev, x)}>" for x in (s.runs, s.logs_bucket))
+    jobs, runs, bucket = (f"<{logical_id(dev, x)}>" for x in (s.jobs, s.runs, s.logs_bucket))
+    queues = {f"<{logical_id(dev, dev.stack.queues.queue(t))}>" for t in ALL_TIERS}
     for tier in CONTAINER_TIERS:
         task = dev.stack.executors.services[tier].task_definition
         task_role = ref_id(dev.resources[logical_id(dev, task)]["Properties"]["TaskRoleArn"]) or ""
@@ -467,7 +487,11 @@ def test_each_worker_tier_may_pull_only_its_own_queue(dev: Synthesized) -> None:
             "sqs:ReceiveMessage": {queue},
             "sqs:DeleteMessage": {queue},
             "sqs:ChangeMessageVisibility": {queue},
+            "sqs:SendMessage": queues,
+            "dynamodb:GetItem": {runs, jobs},
+            "dynamodb:PutItem": {runs},
             "dynamodb:UpdateItem": {runs},
+            "dynamodb:Query": {f"{runs}/index/{ACTIVE_INDEX}"},
             "s3:PutObject": {f"{bucket}/logs/*"},
         }, tier
 

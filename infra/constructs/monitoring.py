@@ -178,9 +178,11 @@ class Monitoring(Construct):
         functions: dict[str, lambda_.Function],
     ) -> cw.Dashboard:
         dashboard = cw.Dashboard(self, "Dashboard", default_interval=Duration.hours(3))
-        started = code_metric("RunStarted", statistic="Sum")
-        failed = code_metric("RunFailed", statistic="Sum")
-        claimed = code_metric("RunsClaimed", statistic="Sum")
+        # what the code emits today: the tick's claims, the sweeper's repairs, timeouts and dead letters
+        counts = [
+            code_metric(name, statistic="Sum")
+            for name in ("RunsClaimed", "RunsResent", "LeasesExpired", "RetriesReleased", "RunTimedOut")
+        ]
         dashboard.add_widgets(
             cw.TextWidget(
                 markdown=f"# Duetime ({config.name})\nLag = run start - due time. Queues: visible = waiting for a "
@@ -201,7 +203,7 @@ class Monitoring(Construct):
             cw.GraphWidget(
                 title="Runs per minute",
                 width=8,
-                left=[claimed, started, failed, dead_letters.with_(period=ONE_MINUTE)],
+                left=[*counts, dead_letters.with_(period=ONE_MINUTE)],
             ),
             cw.AlarmStatusWidget(title="Alarms", width=8, alarms=list(self.alarms)),
         )

@@ -16,7 +16,7 @@ The image is built by ``cdk deploy`` from ``infra/worker.Dockerfile`` (arm64); s
 
 from __future__ import annotations
 
-from aws_cdk import Duration, IgnoreMode, RemovalPolicy
+from aws_cdk import Aws, Duration, IgnoreMode, RemovalPolicy
 from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_ec2 as ec2
@@ -167,7 +167,8 @@ class Executors(Construct):
             "worker",
             image=ecs.ContainerImage.from_docker_image_asset(self.image),
             command=["worker", "--tier", tier],
-            environment=environment,
+            # Fargate sets AWS_REGION; the default region is spelled out for every SDK and tool a task may use
+            environment={**environment, "AWS_DEFAULT_REGION": Aws.REGION},
             logging=ecs.LogDriver.aws_logs(stream_prefix=tier, log_group=log_group),
             stop_timeout=STOP_TIMEOUT,
         )
@@ -188,7 +189,8 @@ class Executors(Construct):
             f"{name}Service",
             cluster=self.cluster,
             task_definition=task,
-            desired_count=sizing.min_tasks,
+            # no DesiredCount: autoscaling owns it (a template value can reset a scaled-out fleet on a deploy);
+            # a new service starts one task and scales from there
             min_healthy_percent=100,
             max_healthy_percent=200,
             circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-unit test-integration test-e2e lint format typecheck clean synth lint-infra
+.PHONY: fuzz run test test-unit test-integration test-e2e lint format typecheck clean synth lint-infra
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,3 +58,7 @@ synth: $(STAMP)
 lint-infra: synth
 	$(VENV)/bin/cfn-lint --ignore-checks W3005 -- cdk.out/Duetime-$(STAGE).template.json
 	@echo "lint-infra: cdk-nag AwsSolutions and cfn-lint clean for stage $(STAGE)"
+
+## schemathesis against the local stack's /openapi.json, with many more examples than the CI run
+fuzz: $(STAMP)
+	DUETIME_FUZZ_EXAMPLES=200 $(VENV)/bin/pytest -q tests/e2e/test_fuzz_api.py

@@ -13,8 +13,10 @@ from typing import Annotated, Any, Literal
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Header, Query
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import BaseModel
 
 from duetime import __version__, idempotency, jobs
 from duetime.api_models import (
@@ -29,7 +31,7 @@ from duetime.api_models import (
 )
 from duetime.deps import default_deps
 from duetime.errors import ConflictError, NotFoundError, RequestFieldError, ScheduleError
-from duetime.models import Job, JobState, RunState
+from duetime.models import TASK_KINDS, Job, JobState, RunState
 from duetime.observability import logger
 from duetime.store import JobExistsError
 
@@ -63,6 +65,38 @@ def current_tenant() -> str:
     return DEFAULT_TENANT
 
 
+_ERROR_DESCRIPTIONS = {
+    400: "Invalid request: the error names the field",
+    404: "No such job or run (or another tenant's)",
+    409: "Conflicts with the resource's state, or an Idempotency-Key reused with another body",
+    422: "Unprocessable request",
+}
+
+
+def errors(*codes: int) -> dict[int, OpenAPIResponse]:
+    """OpenAPI ``responses`` for the error statuses a route can answer, all in the ErrorResponse shape."""
+    return {
+        code: {
+            "description": _ERROR_DESCRIPTIONS[code],
+            "content": {"application/json": {"model": ErrorResponse}},
+        }
+        for code in codes
+    }
+
+
+def ok(code: int, model: type[BaseModel], description: str) -> dict[int, OpenAPIResponse]:
+    """OpenAPI ``responses`` entry of a route's success status and body model."""
+    return {code: {"description": description, "content": {"application/json": {"model": model}}}}
+
+
+TEXT_200: dict[int, OpenAPIResponse] = {
+    200: {
+        "description": "The attempt's stdout+stderr",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+}
+
+
 def error(status: int, code: str, message: str, field: str | None = None) -> Response[str]:
     body = ErrorResponse.model_validate({"error": {"code": code, "message": message, "field": field}})
     return Response(
@@ -72,8 +106,14 @@ def error(status: int, code: str, message: str, field: str | None = None) -> Res
 
 def _field_of(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc if p not in ("body", "query", "path")]
-    # pydantic adds the union member / validator name for tagged types; keep field names and indexes
-    return ".".join(p for p in parts if not p.startswith("function-")) or "body"
+    # pydantic adds the union member / validator name for tagged types (a task's kind: `task.lambda.x`);
+    # keep field names and indexes
+    kept = [
+        p
+        for i, p in enumerate(parts)
+        if not p.startswith("function-") and not (i and parts[i - 1] == "task" and p in TASK_KINDS)
+    ]
+    return ".".join(kept) or "body"
 
 
 @app.exception_handler(RequestValidationError)
@@ -116,7 +156,17 @@ def _exists(exc: JobExistsError) -> Response[str]:
 
 @app.not_found
 def _no_route(_: Exception) -> Response[str]:
-    return error(404, "no_such_route", f"no route {app.current_event.http_method} {app.current_event.path}")
+    method, path = app.current_event.http_method, app.current_event.path
+    allowed = sorted(
+        {r.method for r in app._static_routes + app._dynamic_routes if r.rule.match(path)} - {method}
+    )
+    if allowed:  # the resource exists; the method does not (RFC 9110 section 15.5.6)
+        response = error(
+            405, "method_not_allowed", f"{method} is not allowed on {path}; use {', '.join(allowed)}"
+        )
+        response.headers["Allow"] = ", ".join(allowed)
+        return response
+    return error(404, "no_such_route", f"no route {method} {path}")
 
 
 @app.get("/openapi.json", include_in_schema=False)
@@ -130,7 +180,11 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@app.post("/jobs")
+@app.post(
+    "/jobs",
+    responses=ok(201, JobResponse, "The job, as stored (its first fire may already be claimed)")
+    | errors(400, 409, 422),
+)
 def create_job(
     body: CreateJobRequest,
     idempotency_key: Annotated[str | None, Header(alias="idempotency-key", max_length=255)] = None,
@@ -153,6 +207,7 @@ def create_job(
             body=body.model_dump(mode="json"),
             settings=deps.settings,
             handler=submit,
+            lambda_context=app.lambda_context,
         )
     )
 
@@ -168,7 +223,7 @@ def _replayable(stored: dict[str, Any]) -> Response[str]:
     )
 
 
-@app.get("/jobs")
+@app.get("/jobs", responses=ok(200, JobListResponse, "A page of jobs, newest first") | errors(400))
 def list_jobs(
     state: Annotated[JobState | None, Query()] = None,
     name_prefix: Annotated[str | None, Query(max_length=128)] = None,
@@ -192,33 +247,36 @@ def _job_response(job: Job) -> JobResponse:
     return JobResponse.of(job, next_fire_times=fires, last_run=last)
 
 
-@app.get("/jobs/<job_id>")
+@app.get("/jobs/<job_id>", responses=ok(200, JobResponse, "The job") | errors(404))
 def get_job(job_id: str) -> JobResponse:
     return _job_response(jobs.get_job(job_id, tenant=current_tenant(), deps=default_deps()))
 
 
-@app.patch("/jobs/<job_id>")
+@app.patch("/jobs/<job_id>", responses=ok(200, JobResponse, "The job, changed") | errors(400, 404, 409))
 def update_job(job_id: str, body: UpdateJobRequest) -> JobResponse:
     return _job_response(jobs.update_job(job_id, body, tenant=current_tenant(), deps=default_deps()))
 
 
-@app.delete("/jobs/<job_id>")
+@app.delete("/jobs/<job_id>", responses=ok(200, JobResponse, "The job, DELETED") | errors(400, 404, 409))
 def delete_job(job_id: str, cancel_running: Annotated[bool, Query()] = False) -> JobResponse:
     job = jobs.delete_job(job_id, tenant=current_tenant(), deps=default_deps(), cancel_running=cancel_running)
     return _job_response(job)
 
 
-@app.post("/jobs/<job_id>/pause")
+@app.post("/jobs/<job_id>/pause", responses=ok(200, JobResponse, "The job, PAUSED") | errors(404, 409))
 def pause_job(job_id: str) -> JobResponse:
     return _job_response(jobs.pause_job(job_id, tenant=current_tenant(), deps=default_deps()))
 
 
-@app.post("/jobs/<job_id>/resume")
+@app.post("/jobs/<job_id>/resume", responses=ok(200, JobResponse, "The job, ACTIVE") | errors(404, 409))
 def resume_job(job_id: str) -> JobResponse:
     return _job_response(jobs.resume_job(job_id, tenant=current_tenant(), deps=default_deps()))
 
 
-@app.post("/jobs/<job_id>/trigger")
+@app.post(
+    "/jobs/<job_id>/trigger",
+    responses=ok(202, RunResponse, "The manual run, PENDING") | errors(400, 404, 409),
+)
 def trigger_job(
     job_id: str,
     ignore_overlap: Annotated[bool, Query()] = False,
@@ -242,11 +300,15 @@ def trigger_job(
             body={"ignore_overlap": ignore_overlap},
             settings=deps.settings,
             handler=trigger,
+            lambda_context=app.lambda_context,
         )
     )
 
 
-@app.get("/jobs/<job_id>/runs")
+@app.get(
+    "/jobs/<job_id>/runs",
+    responses=ok(200, RunListResponse, "A page of runs, newest due time first") | errors(400, 404),
+)
 def list_runs(
     job_id: str,
     state: Annotated[RunState | None, Query()] = None,
@@ -271,29 +333,33 @@ def list_runs(
     return RunListResponse(runs=[RunResponse.of(r) for r in found], next_token=token)
 
 
-@app.post("/runs/<run_id>/cancel")
+@app.post("/runs/<run_id>/cancel", responses=ok(200, RunResponse, "The run, CANCELLED") | errors(404, 409))
 def cancel_run(run_id: str) -> RunResponse:
     return RunResponse.of(jobs.cancel_run(run_id, tenant=current_tenant(), deps=default_deps()))
 
 
-@app.get("/runs/<run_id>")
+@app.get("/runs/<run_id>", responses=ok(200, RunResponse, "The run") | errors(404))
 def get_run(run_id: str) -> RunResponse:
     return RunResponse.of(jobs.get_run(run_id, tenant=current_tenant(), deps=default_deps()))
 
 
-@app.get("/runs/<run_id>/logs")
+@app.get("/runs/<run_id>/logs", responses={**errors(400, 404), **TEXT_200})
 def get_run_logs(run_id: str, attempt: Annotated[int | None, Query(ge=1)] = None) -> Response[str]:
     text = jobs.get_run_log(run_id, tenant=current_tenant(), deps=default_deps(), attempt=attempt)
     return Response(status_code=200, content_type="text/plain; charset=utf-8", body=text)
 
 
-@app.get("/dead-letters")
+@app.get(
+    "/dead-letters", responses=ok(200, RunListResponse, "Dead-lettered runs, newest first") | errors(400)
+)
 def list_dead_letters(limit: Annotated[int, Query(ge=1, le=100)] = 20) -> RunListResponse:
     runs = jobs.list_dead_letters(tenant=current_tenant(), deps=default_deps(), limit=limit)
     return RunListResponse(runs=[RunResponse.of(r) for r in runs])
 
 
-@app.post("/runs/<run_id>/retry")
+@app.post(
+    "/runs/<run_id>/retry", responses=ok(200, RunResponse, "The run, PENDING again") | errors(400, 404, 409)
+)
 def retry_run(
     run_id: str,
     idempotency_key: Annotated[str | None, Header(alias="idempotency-key", max_length=255)] = None,
@@ -314,11 +380,14 @@ def retry_run(
             body={},
             settings=deps.settings,
             handler=redrive,
+            lambda_context=app.lambda_context,
         )
     )
 
 
-@app.get("/schedules/preview")
+@app.get(
+    "/schedules/preview", responses=ok(200, SchedulePreviewResponse, "The next fire times") | errors(400)
+)
 def preview_schedule(
     expression: Annotated[str, Query(min_length=1, max_length=256)],
     timezone: Annotated[str, Query(max_length=64)] = "UTC",

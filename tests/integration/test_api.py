@@ -260,3 +260,10 @@ def test_policies_round_trip_through_the_api(api: ModuleType) -> None:
     assert job["starting_deadline_seconds"] == 120
     status, answer, _ = call(api, "POST", "/jobs", {**HELLO, "overlap": {"policy": "sometimes"}})
     assert status == 400 and answer["error"]["field"] == "overlap.policy"
+
+
+def test_a_known_path_with_an_unknown_method_is_405_with_allow(api: ModuleType) -> None:
+    status, body, headers = call(api, "PUT", "/jobs/job-x")
+    assert status == 405 and body["error"]["code"] == "method_not_allowed"
+    assert headers["allow"] == "DELETE, GET, PATCH"
+    assert call(api, "TRACE", "/healthz")[0] == 405

@@ -155,3 +155,24 @@ def test_runs_filter_by_state_and_due_window_and_page(api: ModuleType, deps, clo
     )[1]
     assert [r["run_id"] for r in first["runs"] + second["runs"]] == [r["run_id"] for r in all_runs[:10]]
     assert _runs(api, job["job_id"], state="SUCCEEDED") == []
+
+
+def test_a_patch_with_explicit_nulls_changes_nothing_and_keeps_the_job_readable(api: ModuleType) -> None:
+    # schemathesis found this: nulls for non-nullable fields once stored a broken job (500 on every read)
+    _, job, _ = call(api, "POST", "/jobs", {**EVERY_5, "starting_deadline_seconds": 60})
+    nulls = {
+        "name": None,
+        "timeout_seconds": None,
+        "retry": None,
+        "on_timeout": None,
+        "catch_up": None,
+        "overlap": None,
+        "task": None,
+        "starting_deadline_seconds": None,
+    }
+    status, patched, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", nulls)
+    assert status == 200, patched
+    assert patched["name"] == "five" and patched["timeout_seconds"] == 3600
+    assert patched["starting_deadline_seconds"] is None  # the one nullable field: null removes the deadline
+    assert call(api, "GET", f"/jobs/{job['job_id']}")[0] == 200
+    assert call(api, "GET", "/jobs")[0] == 200

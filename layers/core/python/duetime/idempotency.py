@@ -36,7 +36,7 @@ Response = dict[str, Any]
 
 
 @lru_cache(maxsize=4)
-def _runner(table: str, ttl_seconds: int) -> Callable[..., Response]:
+def _runner(table: str, ttl_seconds: int) -> tuple[Callable[..., Response], IdempotencyConfig]:
     persistence = DynamoDBPersistenceLayer(table_name=table)
     config = IdempotencyConfig(
         event_key_jmespath="key", payload_validation_jmespath="body", expires_after_seconds=ttl_seconds
@@ -48,7 +48,7 @@ def _runner(table: str, ttl_seconds: int) -> Callable[..., Response]:
     def run(*, request: dict[str, Any], handler: Callable[[], Response]) -> Response:
         return handler()
 
-    return run  # type: ignore[no-any-return]
+    return run, config
 
 
 def once(
@@ -59,6 +59,7 @@ def once(
     body: Any,
     settings: Settings,
     handler: Callable[[], Response],
+    lambda_context: Any = None,
 ) -> Response:
     """Call ``handler`` once per ``(tenant, route, key)``; later calls with that key replay its response.
 
@@ -79,9 +80,10 @@ def once(
         )
     request = {"key": f"{tenant}#{route}#{key}", "body": body}
     try:
-        return _runner(settings.idempotency_table, settings.idempotency_ttl_seconds)(
-            request=request, handler=handler
-        )
+        run, config = _runner(settings.idempotency_table, settings.idempotency_ttl_seconds)
+        if lambda_context is not None:
+            config.register_lambda_context(lambda_context)  # in-progress records expire with the invocation
+        return run(request=request, handler=handler)
     except IdempotencyValidationError:
         raise IdempotencyKeyReusedError(
             f"Idempotency-Key {key!r} was already used with a different request body"

@@ -297,14 +297,20 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
     job = get_job(job_id, tenant=tenant, deps=deps)
     if job.state is JobState.DELETED:
         raise ConflictError(f"job {job_id} is deleted")
-    changes = request.model_dump(exclude_unset=True)
+    # a field sent as null means "no change", except starting_deadline_seconds, where it removes the deadline
+    changes = {
+        k: v
+        for k, v in request.model_dump(exclude_unset=True).items()
+        if v is not None or k in ("starting_deadline_seconds", "schedule")
+    }
     if "on_timeout" in changes and request.on_timeout is not None:
         _check_trigger_target(
             request.on_timeout.job_id if request.on_timeout.action == "trigger" else None, tenant, deps
         )
     now = truncate_ms(deps.clock.now())
-    updated = job.model_copy(
-        update={
+    updated = Job.model_validate(
+        {
+            **job.model_dump(),
             **{k: getattr(request, k) for k in changes},
             "updated_at": now,
             "version": job.version + 1,

@@ -212,7 +212,8 @@ class Functions(Construct):
         acknowledge(
             function,
             "AwsSolutions-L1",
-            f"pinned to python{PYTHON_VERSION}: the core layer is bundled and tested for it; upgrade both together",
+            f"pinned to python{PYTHON_VERSION}: the layer's compiled wheels (pydantic-core) are built for it; move "
+            "the layer and the functions to a newer runtime together",
         )
         if spec.queue_source is not None:
             queue = queues.queue(spec.queue_source)

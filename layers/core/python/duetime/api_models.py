@@ -5,13 +5,22 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from duetime.models import (
+    MAX_LAMBDA_TIMEOUT_SECONDS,
     MAX_TIMEOUT_SECONDS,
     AttemptRecord,
     CatchUpPolicy,
-    ContainerTask,
     Instant,
     Job,
     JobId,
@@ -24,8 +33,21 @@ from duetime.models import (
     RunState,
     ScheduleSpec,
     SInt,
+    Task,
     Trigger,
 )
+
+
+def _lambda_timeout(timeout: int | None, info: ValidationInfo) -> int | None:
+    """A Lambda task's timeout cannot exceed Lambda's own limit (900 s)."""
+    task = info.data.get("task")
+    if (
+        timeout is not None
+        and getattr(task, "kind", None) == "lambda"
+        and timeout > MAX_LAMBDA_TIMEOUT_SECONDS
+    ):
+        raise ValueError(f"a Lambda task runs at most {MAX_LAMBDA_TIMEOUT_SECONDS} s (Lambda's limit)")
+    return timeout
 
 
 class CreateJobRequest(BaseModel):
@@ -48,8 +70,13 @@ class CreateJobRequest(BaseModel):
     job_id: JobId | None = Field(default=None, description="Your own id; generated when omitted")
     name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)]
     schedule: ScheduleSpec | None = None
-    task: ContainerTask
-    timeout_seconds: SInt = Field(default=3600, ge=1, le=MAX_TIMEOUT_SECONDS, description="per attempt, s")
+    task: Task
+    timeout_seconds: SInt = Field(
+        default=3600,
+        ge=1,
+        le=MAX_TIMEOUT_SECONDS,
+        description="per attempt, s; default 3600 (900, Lambda's limit, for a Lambda task)",
+    )
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     on_timeout: OnTimeout = Field(default_factory=OnTimeout)
     catch_up: CatchUpPolicy = Field(default_factory=CatchUpPolicy)
@@ -61,6 +88,17 @@ class CreateJobRequest(BaseModel):
         description="a run not started this long after its due time is SKIPPED",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _lambda_default_timeout(cls, data: Any) -> Any:
+        task = data.get("task") if isinstance(data, dict) else None
+        kind = task.get("kind") if isinstance(task, dict) else getattr(task, "kind", None)
+        if kind == "lambda" and "timeout_seconds" not in data:
+            return {**data, "timeout_seconds": MAX_LAMBDA_TIMEOUT_SECONDS}
+        return data
+
+    _timeout_fits_lambda = field_validator("timeout_seconds")(_lambda_timeout)
+
 
 class UpdateJobRequest(BaseModel):
     """``PATCH /jobs/{job_id}`` body: the fields to change (others keep their values). A schedule change
@@ -70,13 +108,15 @@ class UpdateJobRequest(BaseModel):
 
     name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)] | None = None
     schedule: ScheduleSpec | None = None
-    task: ContainerTask | None = None
+    task: Task | None = None
     timeout_seconds: SInt | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
     retry: RetryPolicy | None = None
     on_timeout: OnTimeout | None = None
     catch_up: CatchUpPolicy | None = None
     overlap: OverlapPolicy | None = None
     starting_deadline_seconds: SInt | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
+
+    _timeout_fits_lambda = field_validator("timeout_seconds")(_lambda_timeout)
 
 
 class RunSummary(BaseModel):
@@ -97,7 +137,7 @@ class JobResponse(BaseModel):
     tenant: str
     state: JobState
     schedule: ScheduleSpec | None
-    task: ContainerTask
+    task: Task
     timeout_seconds: int
     retry: RetryPolicy
     on_timeout: OnTimeout
@@ -149,6 +189,12 @@ class RunResponse(BaseModel):
     finished_at: Instant | None
     exit_code: int | None
     error: str | None
+    result: JsonValue = Field(
+        default=None, description="a Lambda task's response (at most 32 KB of JSON; see `result_truncated`)"
+    )
+    result_truncated: bool = Field(
+        default=False, description="the response was larger than 32 KB: only the run's log holds it"
+    )
     lease_owner: str | None
     lease_expires_at: Instant | None
     retry_at: Instant | None

@@ -42,6 +42,14 @@ def local(
             help="use this already-running moto server (kept running on exit) instead of starting one"
         ),
     ] = None,
+    lambda_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--lambda",
+            help="NAME=module:function, repeatable: a Lambda function for Lambda tasks (added to "
+            "pyproject's [tool.duetime.local.lambdas])",
+        ),
+    ] = None,
 ) -> None:
     """Run the whole stack on this machine against moto's server on 127.0.0.1, until Ctrl-C."""
     from duetime.local.stack import LocalOptions, LocalStack
@@ -58,6 +66,14 @@ def local(
                 f"token of {name!r} is already {tenants[token]!r}'s", param_hint="--tenant"
             )
         tenants[token] = name
+    from duetime.local.lambda_service import parse_function_spec
+
+    lambdas: dict[str, str] = {}
+    for spec in lambda_ or []:
+        try:
+            lambdas.update([parse_function_spec(spec)])
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--lambda") from None
     stack = LocalStack(
         LocalOptions(
             api_port=api_port,
@@ -71,6 +87,7 @@ def local(
             verbose=verbose,
             aws_endpoint=aws_endpoint,
             tenants=tenants,
+            lambdas=lambdas,
         )
     )
     try:

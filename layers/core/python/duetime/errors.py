@@ -61,3 +61,14 @@ class RequestFieldError(DuetimeError, ValueError):
         super().__init__(message)
         self.message = message
         self.field = field
+
+
+class InvokeError(DuetimeError):
+    """Lambda refused or failed an asynchronous invocation of a task's function (after the SDK's retries).
+
+    ``code`` is Lambda's error code (e.g. ``ResourceNotFoundException``, ``AccessDeniedException``).
+    """
+
+    def __init__(self, message: str, code: str = "InvokeError") -> None:
+        super().__init__(message)
+        self.code = code

@@ -7,10 +7,11 @@ A job is split the way Temporal splits a schedule: ``schedule`` (when), ``task``
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -18,9 +19,12 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    JsonValue,
     PlainSerializer,
     Strict,
+    Tag,
     model_validator,
 )
 
@@ -169,6 +173,102 @@ class ContainerTask(BaseModel):
         return self
 
 
+#: Lambda's longest function timeout, seconds: a Lambda task's ``timeout_seconds`` cannot exceed it.
+MAX_LAMBDA_TIMEOUT_SECONDS = 900
+
+#: A function name (1-64 of A-Z a-z 0-9 _ -), a partial ARN ``123456789012:function:NAME`` or a full ARN
+#: ``arn:aws:lambda:REGION:ACCOUNT:function:NAME``, each with an optional version or alias qualifier: the
+#: forms Lambda's Invoke accepts (its own pattern, without the characters it would reject later).
+FUNCTION_PATTERN = (
+    r"^(arn:aws[a-zA-Z-]*:lambda:[a-z]{2}(-gov)?-[a-z]+-\d{1}:\d{12}:function:|\d{12}:function:)?"
+    r"[A-Za-z0-9_-]{1,64}(:(\$LATEST|[A-Za-z0-9_-]{1,128}))?$"
+)
+_FUNCTION_RE = re.compile(FUNCTION_PATTERN)
+
+
+def _function_ref(value: str) -> str:
+    if not _FUNCTION_RE.match(value):
+        raise ValueError(
+            "give a function name (1-64 of A-Z a-z 0-9 _ -), ACCOUNT:function:NAME or a Lambda function ARN, "
+            "optionally followed by :VERSION or :ALIAS"
+        )
+    return value
+
+
+#: How a Lambda task names its function (checked with a readable message; the pattern is in the schema).
+FunctionRef = Annotated[
+    str,
+    Field(min_length=1, max_length=170, json_schema_extra={"pattern": FUNCTION_PATTERN}),
+    AfterValidator(_function_ref),
+]
+
+
+def function_name_of(function: str) -> str:
+    """The bare function name of a name, partial ARN or ARN, without its qualifier (``hello`` for
+    ``arn:aws:lambda:us-east-1:123456789012:function:hello:live``)."""
+    rest = function.split(":function:", 1)[1] if ":function:" in function else function
+    return rest.split(":", 1)[0]
+
+
+class LambdaTask(BaseModel):
+    """A Lambda function invoked asynchronously by the dispatcher with the run's envelope
+    ``{"duetime": {run_id, job_id, attempt, fencing_token, due_at, timeout_seconds}, "payload": payload}``.
+
+    Always on the ``lambda`` tier. The function's own retries must be off (``MaximumRetryAttempts=0``):
+    Duetime's retry policy decides. Its outcome comes back through a Lambda destination.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["lambda"] = "lambda"
+    function: FunctionRef = Field(
+        description="function name, partial ARN or ARN, optionally with a version or alias",
+        examples=["hello", "arn:aws:lambda:eu-west-1:123456789012:function:report:live"],
+    )
+    payload: dict[str, JsonValue] = Field(
+        default_factory=dict, description="a JSON object handed to the function as `payload`"
+    )
+    tier: Literal["lambda"] = Field(default="lambda", description="always `lambda`: the dispatcher's queue")
+
+    @model_validator(mode="after")
+    def _fits_a_run_record(self) -> LambdaTask:
+        size = len(json.dumps(self.payload, separators=(",", ":")).encode())
+        if size > MAX_TASK_BYTES:
+            raise ValueError(
+                f"payload is {size:,} bytes of JSON; at most {MAX_TASK_BYTES:,} ({MAX_TASK_BYTES // 1024} KB) fit"
+            )
+        return self
+
+    @property
+    def function_name(self) -> str:
+        """The bare function name (no ARN prefix, no qualifier)."""
+        return function_name_of(self.function)
+
+
+#: the task kinds, as ``task.kind`` names them
+TASK_KINDS = ("container", "lambda")
+
+
+def _task_kind(value: Any) -> str | None:
+    """The tag of a task: its ``kind``; a task without one is a container task (as before Lambda tasks)."""
+    kind = value.get("kind", "container") if isinstance(value, dict) else getattr(value, "kind", None)
+    return kind if isinstance(kind, str) else None
+
+
+#: What a job runs: a command on a worker fleet, or a Lambda function (a union on ``kind``).
+Task = Annotated[
+    Annotated[ContainerTask, Tag("container")] | Annotated[LambdaTask, Tag("lambda")],
+    Discriminator(
+        _task_kind,
+        custom_error_type="task_kind",
+        custom_error_message="kind must be `container` or `lambda`",
+    ),
+]
+
+#: Largest function result kept on a run (``result``), bytes of JSON; a larger one is only in the run's log.
+MAX_RESULT_BYTES = 32 * 1024
+
+
 class RetryPolicy(BaseModel):
     """Retries of failed attempts: exponential backoff with full jitter (defaults from [S0])."""
 
@@ -263,7 +363,7 @@ class Job(BaseModel):
     tenant: str
     name: str
     schedule: ScheduleSpec | None
-    task: ContainerTask
+    task: Task
     timeout_seconds: int
     retry: RetryPolicy
     on_timeout: OnTimeout = Field(default_factory=OnTimeout)
@@ -324,7 +424,7 @@ class Run(BaseModel):
     max_attempts: int = 1
     fencing_token: int = 0
     trigger: Trigger = Trigger.SCHEDULE
-    task: ContainerTask
+    task: Task
     timeout_seconds: int
     retry: RetryPolicy
     on_timeout: OnTimeout = Field(default_factory=OnTimeout)
@@ -347,6 +447,10 @@ class Run(BaseModel):
     exit_code: int | None = None
     error: str | None = None
     log_key: str | None = None
+    #: Lambda tasks: the function's response of the current attempt (at most MAX_RESULT_BYTES of JSON)
+    result: JsonValue = None
+    #: the response was larger than MAX_RESULT_BYTES: ``result`` is empty, the run's log holds it
+    result_truncated: bool = False
     #: non-terminal runs: when the sweeper must look at it (watchdog GSI); None once terminal.
     watch_at: Instant | None = None
     #: RETRY_WAIT runs: when the next attempt may start (its wake-up message is delayed until then).
@@ -397,6 +501,8 @@ class RunMessage(BaseModel):
     #: the attempt's time limit and kill grace, seconds, so the start can record its deadline
     timeout_seconds: int | None = None
     kill_grace_seconds: float = 10.0
+    #: the run's tenant: the message's SQS MessageGroupId, so SQS fair queues serve tenants fairly
+    tenant: str | None = None
 
     @property
     def run_id(self) -> str:

@@ -50,11 +50,19 @@ class SqsQueues:
         return aws.client("sqs")
 
     def send(self, tier: str, message: RunMessage, *, delay: int = 0) -> None:
-        """Send ``message`` to ``tier``'s queue, delivered after ``delay`` seconds (0..900)."""
+        """Send ``message`` to ``tier``'s queue, delivered after ``delay`` seconds (0..900).
+
+        Its tenant is the message group: on a standard queue that makes SQS fair queues keep one tenant's
+        burst from delaying other tenants' runs (the local stack's moto server emulates this).
+        """
+        kwargs: dict[str, Any] = {}
+        if message.tenant:
+            kwargs["MessageGroupId"] = message.tenant[:128]
         self._sqs.send_message(
             QueueUrl=self.queue_urls[tier],
             MessageBody=message.model_dump_json(),
             DelaySeconds=max(0, min(SQS_MAX_DELAY_SECONDS, int(delay))),
+            **kwargs,
         )
 
     def receive(

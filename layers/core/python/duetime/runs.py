@@ -30,7 +30,7 @@ class NotStartedError(StartRejectedError):
     """The run was deliberately not started: SKIPPED (overlap, starting deadline) or left waiting."""
 
 
-def start(message: RunMessage, deps: Deps, *, owner: str) -> Run:
+def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float | None = None) -> Run:
     """Take the lease of the run ``message`` points at: PENDING -> RUNNING, new fencing token.
 
     For a job with an overlap policy (``message.overlap``), the job's earlier active runs are looked up
@@ -41,6 +41,8 @@ def start(message: RunMessage, deps: Deps, *, owner: str) -> Run:
     Args:
         message: the queue message (job id, due time, attempt).
         owner: the worker's id, recorded as ``lease_owner``.
+        lease_seconds: the lease's length (default ``settings.lease_seconds``, renewed by heartbeats); the
+            dispatcher sizes a Lambda run's lease to the function's timeout, as nothing heartbeats for it.
 
     Returns:
         The run as now stored (RUNNING, ``fencing_token`` is the caller's token).
@@ -52,7 +54,7 @@ def start(message: RunMessage, deps: Deps, *, owner: str) -> Run:
     now = deps.clock.now()
     if message.overlap:
         _apply_overlap(message, deps)
-    lease_expires_at = now + timedelta(seconds=deps.settings.lease_seconds)
+    lease_expires_at = now + timedelta(seconds=lease_seconds or deps.settings.lease_seconds)
     deadline_at = (
         now + timedelta(seconds=message.timeout_seconds) if message.timeout_seconds is not None else None
     )
@@ -177,6 +179,7 @@ def message_for(run: Run, *, attempt: int | None = None) -> RunMessage:
         overlap=run.overlap.enforced,
         timeout_seconds=run.timeout_seconds,
         kill_grace_seconds=run.on_timeout.kill_grace_seconds,
+        tenant=run.tenant,
     )
 
 
@@ -215,6 +218,8 @@ def finish(
     error: str | None = None,
     log_key: str | None = None,
     reason: str | None = None,
+    result_json: str | None = None,
+    result_truncated: bool = False,
 ) -> Run:
     """Record the end of the current attempt under ``fencing_token``.
 
@@ -231,6 +236,8 @@ def finish(
         error: a short human reason for a failure.
         log_key: S3 key of the attempt's log.
         reason: machine-readable cause recorded on the attempt (e.g. ``exit_code``, ``timeout``, ``worker_lost``).
+        result_json: a Lambda function's response as JSON text (at most MAX_RESULT_BYTES), kept as ``result``.
+        result_truncated: the response was too large to keep; it is only in the attempt's log.
 
     Returns:
         The run as now stored.
@@ -254,6 +261,10 @@ def finish(
         reason=reason,
         worker=run.lease_owner,
     )
+    if result_json is not None:
+        upd.sets["result"] = result_json  # stored as JSON text (store.py)
+    if result_truncated:
+        upd.sets["result_truncated"] = True
     try:
         ended = deps.store.fenced_transition(run.job_id, run.due_at, fencing_token=fencing_token, update=upd)
     except LeaseLostError:

@@ -9,6 +9,7 @@ Items hold instants as fixed-width UTC strings (``timeutil.to_iso``), numbers as
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -99,19 +100,44 @@ def deserialize(item: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _from_attr(_de.deserialize(v)) for k, v in item.items()}
 
 
+def json_text(value: Any) -> str:
+    """Compact JSON text of a user's JSON value (a Lambda payload or result)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _encode_json_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """A Lambda task's payload and a run's result are stored as JSON text: a DynamoDB map would drop their
+    nulls, turn 1.0 into 1 and refuse numbers outside its range."""
+    task = data.get("task")
+    if isinstance(task, dict) and task.get("kind") == "lambda":
+        data["task"] = {**task, "payload": json_text(task.get("payload") or {})}
+    if data.get("result") is not None:
+        data["result"] = json_text(data["result"])
+    return data
+
+
+def _decode_json_fields(data: dict[str, Any]) -> dict[str, Any]:
+    task = data.get("task")
+    if isinstance(task, dict) and isinstance(task.get("payload"), str):
+        data["task"] = {**task, "payload": json.loads(task["payload"])}
+    if isinstance(data.get("result"), str):
+        data["result"] = json.loads(data["result"])
+    return data
+
+
 def job_to_item(job: Job) -> dict[str, Any]:
-    return job.model_dump(mode="python")
+    return _encode_json_fields(job.model_dump(mode="python"))
 
 
 def job_from_item(item: Mapping[str, Any]) -> Job:
-    data = dict(item)
+    data = _decode_json_fields(dict(item))
     data.setdefault("next_fire_at", None)
     data.setdefault("schedule", None)
     return Job.model_validate(data)
 
 
 def run_to_item(run: Run, *, retention_days: int) -> dict[str, Any]:
-    data = run.model_dump(mode="python")
+    data = _encode_json_fields(run.model_dump(mode="python"))
     if not run.state.terminal and run.watch_at is not None:
         data[WATCH_INDEX_PK] = run.shard
     if not run.state.terminal and run.overlap.enforced:
@@ -130,7 +156,7 @@ _INDEX_ONLY_ATTRIBUTES = frozenset(
 
 def run_from_item(item: Mapping[str, Any]) -> Run:
     data = {k: v for k, v in item.items() if k not in _INDEX_ONLY_ATTRIBUTES}
-    return Run.model_validate(data)
+    return Run.model_validate(_decode_json_fields(data))
 
 
 @dataclass
@@ -608,7 +634,7 @@ class DynamoStore:
         if deadline_at is not None:
             upd.sets["deadline_at"] = deadline_at
         # the previous attempt's outcome stays in `attempts`, not on the run being retried
-        upd.removes.extend(["retry_at", "finished_at", "exit_code", "error"])
+        upd.removes.extend(["retry_at", "finished_at", "exit_code", "error", "result", "result_truncated"])
         upd.adds["fencing_token"] = 1
         try:
             return self.update_run(job_id, due_at, upd)

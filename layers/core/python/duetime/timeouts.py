@@ -68,6 +68,7 @@ def state_machine_definition() -> dict[str, Any]:
                 "QueueUrl.$": f"$.{path}.QueueUrl",
                 "MessageBody.$": f"$.{path}.MessageBody",
                 "DelaySeconds.$": f"$.{path}.DelaySeconds",
+                "MessageGroupId.$": f"$.{path}.MessageGroupId",
             },
             "ResultPath": None,
             "Retry": [
@@ -226,6 +227,7 @@ def plan_timeout(run: Run, deps: Deps) -> TimeoutPlan:
             "QueueUrl": deps.settings.queue_url(run.task.tier),
             "MessageBody": message_for(run, attempt=run.attempt + 1).model_dump_json(),
             "DelaySeconds": delay_seconds(retry_at, now),
+            "MessageGroupId": run.tenant[:128],
         }
     if run.on_timeout.action == "trigger" and run.on_timeout.job_id:
         target = deps.store.get_job(run.on_timeout.job_id)
@@ -243,6 +245,7 @@ def plan_timeout(run: Run, deps: Deps) -> TimeoutPlan:
                 "QueueUrl": deps.settings.queue_url(new.task.tier),
                 "MessageBody": message_for(new).model_dump_json(),
                 "DelaySeconds": 0,
+                "MessageGroupId": new.tenant[:128],
             }
     return TimeoutPlan(
         run_id=run.run_id,

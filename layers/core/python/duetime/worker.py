@@ -26,7 +26,7 @@ from typing import IO
 from duetime.deps import Deps
 from duetime.errors import LeaseLostError, StartRejectedError
 from duetime.logs import log_key
-from duetime.models import Run, RunState
+from duetime.models import ContainerTask, Run, RunState
 from duetime.observability import logger
 from duetime.queue import ReceivedMessage
 from duetime.resources import QUEUE_VISIBILITY_SECONDS
@@ -64,7 +64,8 @@ def worker_id() -> str:
 def task_env(run: Run) -> dict[str, str]:
     """The task's environment: a few of the worker's variables, the task's ``env``, and the DUETIME_* ids."""
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
-    env.update(run.task.env)
+    if isinstance(run.task, ContainerTask):
+        env.update(run.task.env)
     env.update(
         DUETIME_RUN_ID=run.run_id,
         DUETIME_JOB_ID=run.job_id,
@@ -213,13 +214,19 @@ class Worker:
         return finished
 
     def _run_task(self, run: Run, token: int, out: IO[bytes], received: ReceivedMessage) -> TaskOutcome:
+        task = run.task
+        if not isinstance(task, ContainerTask):  # a Lambda task belongs to the dispatcher, not a worker
+            out.write(b"duetime: a Lambda task cannot run on a container worker\n")
+            return TaskOutcome(
+                exit_code=None, timed_out=False, lease_lost=False, error="not a container task"
+            )
         try:
             with tempfile.TemporaryFile() as stdin:
-                if run.task.stdin:
-                    stdin.write(run.task.stdin.encode())
+                if task.stdin:
+                    stdin.write(task.stdin.encode())
                     stdin.seek(0)
                 proc = subprocess.Popen(  # noqa: S603 - argv list, no shell unless the job asked for one
-                    run.task.command,
+                    task.command,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=stdin,
@@ -227,7 +234,7 @@ class Worker:
                     start_new_session=True,
                 )
         except (OSError, ValueError) as exc:
-            out.write(f"duetime: cannot start {run.task.command[0]!r}: {exc}\n".encode())
+            out.write(f"duetime: cannot start {task.command[0]!r}: {exc}\n".encode())
             return TaskOutcome(exit_code=127, timed_out=False, lease_lost=False, error=f"cannot start: {exc}")
         marker = _task_marker()
         if marker is not None:

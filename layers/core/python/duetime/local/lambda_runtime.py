@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import queue
 import os
 import time
 import uuid
@@ -42,10 +43,12 @@ def project_root() -> Path:
 
 
 @cache
-def load_module(role: str) -> ModuleType:
-    """Import ``functions/<role>/handler.py`` under the module name ``duetime_function_<role>``."""
+def load_module(role: str, instance: int = 0) -> ModuleType:
+    """Import ``functions/<role>/handler.py`` as module ``duetime_function_<role>`` (``_<instance>`` for
+    further copies: each copy is one "execution environment" with its own globals)."""
     path = functions_dir() / role / "handler.py"
-    spec = importlib.util.spec_from_file_location(f"duetime_function_{role}", path)
+    name = f"duetime_function_{role}" + (f"_{instance}" if instance else "")
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
@@ -74,14 +77,23 @@ class LocalLambdaContext:
         return max(0, int((self.timeout_seconds - (time.monotonic() - self._started)) * 1000))
 
 
-def handler(role: str) -> Callable[[dict[str, Any]], Any]:
-    """A callable ``event -> result`` that invokes ``functions/<role>/handler.py:lambda_handler``."""
-    fn = load_module(role).lambda_handler
+def handler(role: str, *, concurrency: int = 1) -> Callable[[dict[str, Any]], Any]:
+    """A callable ``event -> result`` that invokes ``functions/<role>/handler.py:lambda_handler``.
+
+    Like Lambda, one execution environment handles one event at a time (Powertools' resolver keeps the
+    current request on its ``app`` object); ``concurrency`` environments (separate module copies) serve
+    concurrent callers, who wait for a free one.
+    """
+    environments: queue.Queue[Callable[..., Any]] = queue.Queue()
+    for i in range(concurrency):
+        environments.put(load_module(role, i).lambda_handler)
 
     def invoke(event: dict[str, Any]) -> Any:
+        fn = environments.get()
         try:
             return fn(event, LocalLambdaContext(function_name=f"duetime-{role}"))
         finally:
+            environments.put(fn)
             if is_metrics_disabled():
                 # Powertools keeps disabled metrics in memory and prints them once 100 accumulate
                 metrics.clear_metrics()

@@ -36,6 +36,27 @@ class SerializeDynamoDB:
         return self.app(environ, start_response)
 
 
+def emulate_fair_queues() -> None:
+    """Make moto's standard queues deliver like SQS fair queues: among visible messages, those of message
+    groups (tenants) with fewer messages in flight and waiting come first, so one tenant's burst does not
+    hold back another tenant's run. FIFO queues keep moto's own order. (AWS: "Amazon SQS fair queues", standard
+    queues with a MessageGroupId.)"""
+    from collections import Counter
+
+    from moto.sqs.models import Message, Queue
+
+    def fair_messages(self: Queue) -> list[Message]:
+        visible = [m for m in self._messages if m.visible and not m.delayed]
+        if self.fifo_queue or len(visible) < 2:
+            return visible
+        # a group's load: its messages in flight plus those waiting; the least loaded group goes first
+        load = Counter(m.group_id for m in self.pending_messages)
+        load.update(m.group_id for m in visible)
+        return sorted(visible, key=lambda m: load[m.group_id])  # stable: oldest first within a rank
+
+    Queue.messages = property(fair_messages)  # type: ignore[assignment,method-assign]
+
+
 def make_app() -> WSGIApp:
     """moto's multi-service WSGI app wrapped in :class:`SerializeDynamoDB`."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
@@ -53,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     from werkzeug.serving import make_server
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    emulate_fair_queues()
     server = make_server(args.host, args.port, make_app(), threaded=True, request_handler=MotoRequestHandler)
     # Step Functions' service integrations inside moto call back into this server on MOTO_PORT
     os.environ["MOTO_PORT"] = str(server.server_port)

@@ -5,7 +5,10 @@ Processes and threads:
 - the HTTP API (a thread serving ``functions/api`` through :class:`HttpApiAdapter`);
 - the clock loop (a thread invoking ``functions/tick`` once per shard and ``functions/sweeper`` every period,
   as EventBridge Scheduler would);
-- worker processes (``duetime worker --tier T``, restarted if they die, as a Fargate service would).
+- worker processes (``duetime worker --tier T``, restarted if they die, as a Fargate service would);
+- a Lambda of its own for Lambda tasks (:mod:`duetime.local.lambda_service`): registered functions run in
+  child processes behind a local Invoke API, the ``lambda`` queue feeds ``functions/dispatcher`` as Lambda's
+  SQS event source would, and outcomes reach ``functions/finish`` as Lambda destination records.
 
 It writes ``.duetime/local.json`` (API URL, AWS endpoint, resource names, the environment workers need) and
 runs until SIGINT/SIGTERM, then stops every process it started.
@@ -64,6 +67,8 @@ class LocalOptions:
     tenants: dict[str, str] = field(default_factory=dict)
     #: reuse a moto server that is already running (its state survives a restart of Duetime's processes)
     aws_endpoint: str | None = None
+    #: Lambda functions by name -> ``module:function`` (``--lambda``), over pyproject's [tool.duetime.local.lambdas]
+    lambdas: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,6 +84,7 @@ class LocalStack:
     _stopping: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _api_server: Any = None
+    _lambda: Any = None
 
     # ---- start ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -125,6 +131,7 @@ class LocalStack:
 
         default_deps.cache_clear()
 
+        self._start_lambda(queue_urls["lambda"])
         self._start_api()
         self._write_state(names, queue_urls)
         print(f"API: {self.api_url}", flush=True)
@@ -172,13 +179,37 @@ class LocalStack:
         with urllib.request.urlopen(request, timeout=10):
             pass
 
+    def _start_lambda(self, queue_url: str) -> None:
+        """The local Lambda (functions, Invoke API, destinations) and the dispatcher's SQS event source."""
+        from duetime.deps import default_deps
+        from duetime.local.lambda_runtime import handler, project_root
+        from duetime.local.lambda_service import LocalLambda, SqsEventSource, registered_functions
+
+        functions, roots = registered_functions(
+            self.options.lambdas, cwd=Path.cwd(), project_root=project_root()
+        )
+        self._lambda = LocalLambda(
+            functions,
+            destination=handler("finish"),
+            logs=default_deps().logs,
+            env={**LOCAL_AWS_ENV, "AWS_ENDPOINT_URL": self.aws_endpoint},
+            python_path=roots,
+            echo=True,
+        )
+        endpoint = self._lambda.serve()
+        self.env["AWS_ENDPOINT_URL_LAMBDA"] = os.environ["AWS_ENDPOINT_URL_LAMBDA"] = endpoint
+        listed = ", ".join(f"{name} ({target})" for name, target in sorted(functions.items())) or "none"
+        print(f"Lambda: {endpoint}, functions: {listed}", flush=True)
+        source = SqsEventSource(queue_url, handler("dispatcher"))
+        self._thread(lambda: source.run_forever(self._stopping), "lambda-event-source")
+
     def _start_api(self) -> None:
         from werkzeug.serving import make_server
 
         from duetime.local.http_adapter import HttpApiAdapter
         from duetime.local.lambda_runtime import handler
 
-        app = HttpApiAdapter(handler("api"), tenants=self.options.tenants)
+        app = HttpApiAdapter(handler("api", concurrency=4), tenants=self.options.tenants)
         self._api_server = make_server("127.0.0.1", self.options.api_port, app, threaded=True)
         if self.options.tenants:
             names = ", ".join(sorted(set(self.options.tenants.values())))
@@ -346,6 +377,8 @@ class LocalStack:
                 proc.wait()
         if self._api_server is not None:
             self._api_server.shutdown()
+        if self._lambda is not None:
+            self._lambda.stop()
         for thread in self._threads:
             thread.join(timeout=5)
         for _, proc in self._workers:

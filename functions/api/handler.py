@@ -30,7 +30,7 @@ from duetime.api_models import (
     UpdateJobRequest,
 )
 from duetime.deps import default_deps
-from duetime.errors import ConflictError, NotFoundError, RequestFieldError, ScheduleError
+from duetime.errors import ConflictError, NotFoundError, QuotaExceededError, RequestFieldError, ScheduleError
 from duetime.models import TASK_KINDS, Job, JobState, RunState
 from duetime.observability import logger
 from duetime.store import JobExistsError
@@ -68,7 +68,8 @@ def current_tenant() -> str:
 _ERROR_DESCRIPTIONS = {
     400: "Invalid request: the error names the field",
     404: "No such job or run (or another tenant's)",
-    409: "Conflicts with the resource's state, or an Idempotency-Key reused with another body",
+    409: "Conflicts with the resource's state, an Idempotency-Key reused with another body, or a quota",
+    429: "Too many submits this minute: retry after the Retry-After header's seconds",
     422: "Unprocessable request",
 }
 
@@ -149,6 +150,15 @@ def _conflict(exc: ConflictError) -> Response[str]:
     return error(409, "conflict", str(exc))
 
 
+@app.exception_handler(QuotaExceededError)
+def _quota(exc: QuotaExceededError) -> Response[str]:
+    if exc.retry_after is None:
+        return error(409, "quota_exceeded", str(exc))
+    response = error(429, "too_many_requests", str(exc))
+    response.headers["Retry-After"] = str(exc.retry_after)
+    return response
+
+
 @app.exception_handler(JobExistsError)
 def _exists(exc: JobExistsError) -> Response[str]:
     return error(409, "job_exists", str(exc), "job_id")
@@ -183,7 +193,7 @@ def healthz() -> dict[str, str]:
 @app.post(
     "/jobs",
     responses=ok(201, JobResponse, "The job, as stored (its first fire may already be claimed)")
-    | errors(400, 409, 422),
+    | errors(400, 409, 422, 429),
 )
 def create_job(
     body: CreateJobRequest,

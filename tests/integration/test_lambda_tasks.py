@@ -355,6 +355,14 @@ def test_a_result_too_large_to_keep_is_only_in_the_log(
     assert "x" * 1000 in call(api, "GET", f"/runs/{run.run_id}/logs")[1]
 
 
+def test_a_result_with_text_that_is_no_valid_unicode_is_kept_with_it_replaced(
+    deps: Deps, dispatcher: ModuleType, finisher: ModuleType, invoker: FakeInvoker, api: ModuleType
+) -> None:
+    run, envelope = _running(deps, dispatcher, invoker)
+    assert _finish(finisher, _record(envelope, "Success", {"s": "a\ud800b"}))["state"] == "SUCCEEDED"
+    assert call(api, "GET", f"/runs/{run.run_id}")[1]["result"] == {"s": "a?b"}
+
+
 def test_a_record_that_is_no_duetime_envelope_is_ignored(finisher: ModuleType) -> None:
     assert _finish(finisher, _record({"hello": "world"}, "Success", 1))["status"] == "ignored"
     assert _finish(finisher, {"some": "event"})["status"] == "ignored"

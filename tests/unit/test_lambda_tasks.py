@@ -85,6 +85,8 @@ def test_a_payload_larger_than_a_run_record_holds_is_refused() -> None:
         TASK.validate_python({"kind": "lambda", "function": "f", "payload": {"x": "y" * 99_000}})
     with pytest.raises(ValidationError):
         TASK.validate_python({"kind": "lambda", "function": "f", "payload": ["not", "an", "object"]})
+    with pytest.raises(ValidationError, match="lone surrogates"):
+        TASK.validate_python({"kind": "lambda", "function": "f", "payload": {"x": "\ud800"}})
 
 
 def test_a_task_without_kind_is_still_a_container_task_and_an_unknown_kind_is_refused() -> None:

@@ -210,6 +210,9 @@ def claim(job: Job, deps: Deps, *, trigger: Trigger = Trigger.SCHEDULE) -> Claim
         )  # step 2
     except StaleClaimError:
         advanced = False
+    if advanced and next_fire_at is None and job.schedule is not None:
+        # the scheduled job just COMPLETED: it no longer counts against its tenant's active-jobs quota
+        deps.store.add_active_jobs(job.tenant, -1)
 
     for run, created in zip(runs, created_flags, strict=True):
         if created or advanced:  # step 3

@@ -72,3 +72,12 @@ class InvokeError(DuetimeError):
     def __init__(self, message: str, code: str = "InvokeError") -> None:
         super().__init__(message)
         self.code = code
+
+
+class QuotaExceededError(DuetimeError):
+    """A tenant quota is used up. ``retry_after`` (seconds) is set when waiting will help (HTTP 429), and
+    None when the tenant must first free something, e.g. delete a job (HTTP 409)."""
+
+    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

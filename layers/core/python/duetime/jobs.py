@@ -13,7 +13,14 @@ from zoneinfo import ZoneInfo
 from duetime.api_models import CreateJobRequest, SchedulePreviewResponse, UpdateJobRequest
 from duetime.claims import claim_until, next_fire_after
 from duetime.deps import Deps
-from duetime.errors import AlreadyClaimedError, ConflictError, NotFoundError, RequestFieldError, ScheduleError
+from duetime.errors import (
+    AlreadyClaimedError,
+    ConflictError,
+    NotFoundError,
+    QuotaExceededError,
+    RequestFieldError,
+    ScheduleError,
+)
 from duetime.models import Job, JobState, Run, RunState, Trigger, parse_run_id
 from duetime.resources import ACTIVE_INDEX_PK, DEAD_LETTER_INDEX_PK
 from duetime.runs import cancel, message_for
@@ -45,6 +52,7 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
     Raises:
         ScheduleError: the expression or zone is invalid, or the schedule has no future fire.
         RequestFieldError: ``on_timeout.job_id`` names no job of the caller's.
+        QuotaExceededError: the tenant's submits per minute (``retry_after`` set) or active jobs are used up.
         JobExistsError: ``request.job_id`` is taken.
     """
     now = truncate_ms(deps.clock.now())
@@ -84,8 +92,40 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
             "the schedule has no fire time after now (an at(...) in the past, or end_at already passed)"
         )
     job = job.model_copy(update={"next_fire_at": first})
-    deps.store.put_new_job(job)
+    _admit_submit(tenant, deps)
+    counted = request.schedule is not None  # a run-now job completes at once: it never counts as active
+    if counted and not deps.store.add_active_jobs(tenant, 1, limit=deps.settings.tenant_max_active_jobs):
+        raise QuotaExceededError(
+            f"tenant {tenant!r} has {deps.settings.tenant_max_active_jobs} active or paused jobs, its quota; "
+            "delete some first"
+        )
+    try:
+        deps.store.put_new_job(job)
+    except Exception:
+        if counted:
+            deps.store.add_active_jobs(tenant, -1)
+        raise
     return _claim_due_now(job, deps)
+
+
+def _admit_submit(tenant: str, deps: Deps) -> None:
+    """Count one submit against the tenant's per-minute quota (needs the idempotency table for counters).
+
+    Raises:
+        QuotaExceededError: with ``retry_after`` = seconds until the next minute starts.
+    """
+    table = deps.settings.idempotency_table
+    if table is None:
+        return
+    now = deps.clock.now()
+    minute = now.replace(second=0, microsecond=0)
+    if not deps.store.count_submit(table, tenant, minute, limit=deps.settings.tenant_submits_per_minute):
+        retry_after = max(1, 60 - now.second)
+        raise QuotaExceededError(
+            f"tenant {tenant!r} submitted {deps.settings.tenant_submits_per_minute} jobs this minute, its quota; "
+            f"retry in {retry_after} s",
+            retry_after=retry_after,
+        )
 
 
 def get_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
@@ -446,6 +486,8 @@ def delete_job(job_id: str, *, tenant: str, deps: Deps, cancel_running: bool = F
             }
         )
         deps.store.replace_job(deleted, expected_version=job.version, expected_next_fire_at=job.next_fire_at)
+        if job.state in (JobState.ACTIVE, JobState.PAUSED):
+            deps.store.add_active_jobs(tenant, -1)
         job = deleted
     if cancel_running:
         token: dict[str, Any] | None = None

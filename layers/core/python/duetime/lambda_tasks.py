@@ -306,6 +306,16 @@ def outcome_of(record: DestinationRecord, envelope: RunEnvelope) -> Outcome:
     return Outcome(RunState.FAILED, "function_error", text[:MAX_ERROR_CHARS])
 
 
+def _valid_unicode(value: Any) -> Any:
+    """``value`` with any lone surrogate in its strings replaced by ``?`` (they cannot be shown as UTF-8)."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode()
+        return value
+    except UnicodeEncodeError:
+        return json.loads(text.encode("utf-8", errors="replace"))
+
+
 def finish_from_record(record: DestinationRecord, deps: Deps) -> FinishResult:
     """Apply one destination record to its run under the envelope's fencing token, and log it.
 
@@ -329,7 +339,7 @@ def finish_from_record(record: DestinationRecord, deps: Deps) -> FinishResult:
     result_json: str | None = None
     truncated = False
     if outcome.has_result:
-        text = json_text(outcome.result)
+        text = json_text(_valid_unicode(outcome.result))
         if len(text.encode()) <= MAX_RESULT_BYTES:
             result_json = text
         else:
@@ -395,7 +405,7 @@ def _write_log(record: DestinationRecord, envelope: RunEnvelope, outcome: Outcom
             lines.append("Traceback (most recent call last):")
             lines += [str(frame).rstrip("\n") for frame in trace]
     body = existing + (b"\n" if existing and not existing.endswith(b"\n") else b"")
-    body += ("\n".join(lines) + "\n").encode()
+    body += ("\n".join(lines) + "\n").encode("utf-8", errors="replace")
     try:
         deps.logs.put(key, body)
     except Exception:  # noqa: BLE001 - a log upload failure must not lose the outcome

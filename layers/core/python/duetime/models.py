@@ -232,7 +232,10 @@ class LambdaTask(BaseModel):
 
     @model_validator(mode="after")
     def _fits_a_run_record(self) -> LambdaTask:
-        size = len(json.dumps(self.payload, separators=(",", ":")).encode())
+        try:
+            size = len(json.dumps(self.payload, separators=(",", ":"), ensure_ascii=False).encode())
+        except UnicodeEncodeError:
+            raise ValueError("payload strings must be valid Unicode (no lone surrogates)") from None
         if size > MAX_TASK_BYTES:
             raise ValueError(
                 f"payload is {size:,} bytes of JSON; at most {MAX_TASK_BYTES:,} ({MAX_TASK_BYTES // 1024} KB) fit"

@@ -42,6 +42,10 @@ DEAD_LETTER_INDEX_PK = "dead_letter_tenant"
 DEAD_LETTER_INDEX_SK = "dead_lettered_at"
 #: the shard lease items live in the jobs table under these ids (no tenant, no next_fire_at: in no index).
 SHARD_LEASE_PREFIX = "#shard-lease#"
+#: per-tenant counters (active jobs) live in the jobs table under these ids (in no index either).
+TENANT_COUNTER_PREFIX = "#tenant#"
+#: per-tenant, per-minute submit counters live in the idempotency table (it has a TTL) under these ids.
+SUBMIT_RATE_PREFIX = "#submits#"
 #: TTL attribute on runs (epoch seconds).
 RUNS_TTL_ATTRIBUTE = "expires_at"
 

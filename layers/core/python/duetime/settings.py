@@ -60,6 +60,9 @@ class Settings(BaseModel):
     idempotency_table: str | None = None
     #: how long a response is replayed for a repeated ``Idempotency-Key``, seconds (Powertools default: 1 h)
     idempotency_ttl_seconds: int = Field(default=3600, ge=60)
+    #: per-tenant quotas (stage configuration): ACTIVE or PAUSED jobs, and job submits per minute
+    tenant_max_active_jobs: int = Field(default=10_000, ge=1)
+    tenant_submits_per_minute: int = Field(default=600, ge=1)
 
     @field_validator("queue_urls")
     @classmethod
@@ -99,6 +102,8 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_TIMEOUT_STATE_MACHINE_ARN": "timeout_state_machine_arn",
     "DUETIME_IDEMPOTENCY_TABLE": "idempotency_table",
     "DUETIME_IDEMPOTENCY_TTL_SECONDS": "idempotency_ttl_seconds",
+    "DUETIME_TENANT_MAX_ACTIVE_JOBS": "tenant_max_active_jobs",
+    "DUETIME_TENANT_SUBMITS_PER_MINUTE": "tenant_submits_per_minute",
 }
 
 

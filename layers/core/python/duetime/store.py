@@ -44,6 +44,8 @@ from duetime.resources import (
     RUNS_SK,
     RUNS_TTL_ATTRIBUTE,
     SHARD_LEASE_PREFIX,
+    SUBMIT_RATE_PREFIX,
+    TENANT_COUNTER_PREFIX,
     TENANT_KEY,
     WATCH_INDEX,
     WATCH_INDEX_PK,
@@ -101,8 +103,9 @@ def deserialize(item: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def json_text(value: Any) -> str:
-    """Compact JSON text of a user's JSON value (a Lambda payload or result)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON text of a user's JSON value (a Lambda payload or result), non-ASCII escaped: whatever
+    strings a function returns, the text is valid UTF-8 for DynamoDB."""
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _encode_json_fields(data: dict[str, Any]) -> dict[str, Any]:
@@ -531,6 +534,47 @@ class DynamoStore:
             Limit=limit,
         )
         return [run_from_item(deserialize(i)) for i in out.get("Items", [])]
+
+    # ---- tenant quotas -------------------------------------------------------------------------------
+    def add_active_jobs(self, tenant: str, delta: int, *, limit: int | None = None) -> bool:
+        """Add ``delta`` to the tenant's active-jobs counter; with ``limit``, only if it stays within it.
+
+        Returns False when the limit would be exceeded (nothing changed).
+        """
+        key = serialize({"job_id": f"{TENANT_COUNTER_PREFIX}{tenant}"})
+        kwargs: dict[str, Any] = {
+            "UpdateExpression": "ADD active_jobs :d",
+            "ExpressionAttributeValues": serialize({":d": delta}),
+        }
+        if limit is not None:
+            kwargs["ConditionExpression"] = "attribute_not_exists(active_jobs) OR active_jobs < :limit"
+            kwargs["ExpressionAttributeValues"] = serialize({":d": delta, ":limit": limit - delta + 1})
+        try:
+            self._ddb.update_item(TableName=self.jobs_table, Key=key, **kwargs)
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                return False
+            raise
+        return True
+
+    def count_submit(self, table: str, tenant: str, minute: datetime, *, limit: int) -> bool:
+        """Count one submit in the tenant's current minute (a TTL'd item in ``table``); False over ``limit``."""
+        key = serialize({"id": f"{SUBMIT_RATE_PREFIX}{tenant}#{to_iso(minute)}"})
+        try:
+            self._ddb.update_item(
+                TableName=table,
+                Key=key,
+                UpdateExpression="ADD submits :one SET expiration = :exp",
+                ConditionExpression="attribute_not_exists(submits) OR submits < :limit",
+                ExpressionAttributeValues=serialize(
+                    {":one": 1, ":limit": limit, ":exp": int(minute.timestamp()) + 120}
+                ),
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                return False
+            raise
+        return True
 
     # ---- shard leases --------------------------------------------------------------------------------
     def acquire_shard_lease(self, shard: int, *, owner: str, now: datetime, lease_seconds: float) -> bool:

@@ -1,0 +1,61 @@
+"""Per-tenant quotas: submits per minute (429 + Retry-After) and active jobs (409)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+from duetime.deps import Deps
+from tests.helpers import call
+
+JOB = {
+    "name": "q",
+    "schedule": {"expression": "rate(1 hour)"},
+    "task": {"kind": "container", "command": ["true"]},
+}
+
+
+@pytest.fixture
+def small_quotas(deps: Deps) -> Deps:
+    deps.settings = deps.settings.model_copy(
+        update={"tenant_submits_per_minute": 3, "tenant_max_active_jobs": 5}
+    )
+    return deps
+
+
+def test_submits_over_the_per_minute_quota_get_429_with_retry_after(
+    api: ModuleType, small_quotas, clock
+) -> None:
+    clock.advance(15)  # 12:00:15
+    for _ in range(3):
+        assert call(api, "POST", "/jobs", JOB, tenant="alice")[0] == 201
+    status, body, headers = call(api, "POST", "/jobs", JOB, tenant="alice")
+    assert status == 429 and body["error"]["code"] == "too_many_requests"
+    assert headers["retry-after"] == "45"
+    # another tenant is not affected, and the next minute the quota is fresh
+    assert call(api, "POST", "/jobs", JOB, tenant="bob")[0] == 201
+    clock.advance(45)
+    assert call(api, "POST", "/jobs", JOB, tenant="alice")[0] == 201
+
+
+def test_active_jobs_over_the_quota_get_409_until_one_is_deleted(
+    api: ModuleType, small_quotas, clock
+) -> None:
+    ids = []
+    for _ in range(5):
+        clock.advance(20)  # stay under the submit rate
+        status, job, _ = call(api, "POST", "/jobs", JOB, tenant="alice")
+        assert status == 201
+        ids.append(job["job_id"])
+    clock.advance(20)
+    status, body, _ = call(api, "POST", "/jobs", JOB, tenant="alice")
+    assert status == 409 and body["error"]["code"] == "quota_exceeded"
+    assert call(api, "DELETE", f"/jobs/{ids[0]}", tenant="alice")[0] == 200
+    assert call(api, "POST", "/jobs", JOB, tenant="alice")[0] == 201
+
+
+def test_a_completed_one_off_job_frees_its_quota(api: ModuleType, small_quotas, clock) -> None:
+    for _ in range(6):  # run-now jobs complete at submit (their one run is claimed): never over 5 active
+        clock.advance(20)
+        assert call(api, "POST", "/jobs", {**JOB, "schedule": None}, tenant="alice")[0] == 201

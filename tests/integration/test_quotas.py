@@ -59,3 +59,33 @@ def test_a_completed_one_off_job_frees_its_quota(api: ModuleType, small_quotas, 
     for _ in range(6):  # run-now jobs complete at submit (their one run is claimed): never over 5 active
         clock.advance(20)
         assert call(api, "POST", "/jobs", {**JOB, "schedule": None}, tenant="alice")[0] == 201
+
+
+def test_a_tenant_at_its_running_quota_waits_and_others_do_not(deps: Deps) -> None:
+    from duetime import jobs, runs
+    from duetime.api_models import CreateJobRequest
+    from duetime.errors import StartRejectedError
+    from duetime.models import ContainerTask, RunState
+    from tests.helpers import drain, queue_counts
+
+    deps.settings = deps.settings.model_copy(update={"tenant_max_running": 1})
+
+    def submit(tenant: str):
+        job = jobs.create_job(
+            CreateJobRequest(name="r", task=ContainerTask(command=["true"])), tenant=tenant, deps=deps
+        )
+        return deps.store.list_runs(job.job_id)[0]
+
+    first, second, other = submit("alice"), submit("alice"), submit("bob")
+    drain(deps.settings.queue_url("small"))
+    running = runs.start(runs.message_for(first), deps, owner="w1")
+    # alice's second run is held back (PENDING) and its wake-up is put back on the queue, delayed
+    with pytest.raises(StartRejectedError):
+        runs.start(runs.message_for(second), deps, owner="w2")
+    assert deps.store.get_run(second.job_id, second.due_at).state is RunState.PENDING
+    assert queue_counts(deps.settings.queue_url("small"))["delayed"] == 1
+    # bob is not affected
+    assert runs.start(runs.message_for(other), deps, owner="w3").state is RunState.RUNNING
+    # once alice's first run ends, her second one starts
+    runs.finish(running, deps, fencing_token=running.fencing_token, outcome=RunState.SUCCEEDED, exit_code=0)
+    assert runs.start(runs.message_for(second), deps, owner="w2").state is RunState.RUNNING

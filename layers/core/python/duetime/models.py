@@ -506,6 +506,8 @@ class RunMessage(BaseModel):
     kill_grace_seconds: float = 10.0
     #: the run's tenant: the message's SQS MessageGroupId, so SQS fair queues serve tenants fairly
     tenant: str | None = None
+    #: the queue it travels on (so a start held back by a tenant quota can put it back)
+    tier: str | None = None
 
     @property
     def run_id(self) -> str:

@@ -36,6 +36,10 @@ WATCH_INDEX_SK = "watch_at"
 #: policy carry ``active_job`` (= job_id), so starting a run finds the job's other active runs in one Query.
 ACTIVE_INDEX = "active_by_job"
 ACTIVE_INDEX_PK = "active_job"
+#: running-runs GSI: (running_tenant, due_at), KEYS_ONLY; sparse: only RUNNING runs, and only while a
+#: per-tenant concurrency limit is configured, so a start can count the tenant's running runs in one Query.
+RUNNING_INDEX = "running_by_tenant"
+RUNNING_INDEX_PK = "running_tenant"
 #: dead letters GSI: (dead_letter_tenant, dead_lettered_at); sparse: only dead-lettered runs.
 DEAD_LETTER_INDEX = "dead_letters"
 DEAD_LETTER_INDEX_PK = "dead_letter_tenant"
@@ -141,6 +145,7 @@ def runs_table_definition(name: str) -> dict[str, Any]:
             {"AttributeName": WATCH_INDEX_PK, "AttributeType": "N"},
             {"AttributeName": WATCH_INDEX_SK, "AttributeType": "S"},
             {"AttributeName": ACTIVE_INDEX_PK, "AttributeType": "S"},
+            {"AttributeName": RUNNING_INDEX_PK, "AttributeType": "S"},
             {"AttributeName": DEAD_LETTER_INDEX_PK, "AttributeType": "S"},
             {"AttributeName": DEAD_LETTER_INDEX_SK, "AttributeType": "S"},
         ],
@@ -157,6 +162,14 @@ def runs_table_definition(name: str) -> dict[str, Any]:
                 "IndexName": ACTIVE_INDEX,
                 "KeySchema": [
                     {"AttributeName": ACTIVE_INDEX_PK, "KeyType": "HASH"},
+                    {"AttributeName": RUNS_SK, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            },
+            {
+                "IndexName": RUNNING_INDEX,
+                "KeySchema": [
+                    {"AttributeName": RUNNING_INDEX_PK, "KeyType": "HASH"},
                     {"AttributeName": RUNS_SK, "KeyType": "RANGE"},
                 ],
                 "Projection": {"ProjectionType": "KEYS_ONLY"},

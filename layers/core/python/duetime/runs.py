@@ -17,13 +17,17 @@ from duetime.errors import AlreadyClaimedError, LeaseLostError, StartRejectedErr
 from duetime.models import AttemptRecord, Run, RunMessage, RunState, Trigger
 from duetime.observability import emit_metric, logger
 from duetime.queue import delay_seconds
-from duetime.resources import SQS_MAX_DELAY_SECONDS
+from duetime.resources import RUNNING_INDEX_PK, SQS_MAX_DELAY_SECONDS
 from duetime.retries import backoff_delay
 from duetime.store import ConditionFailedError, Update, terminal_removals
 from duetime.timeutil import truncate_ms
 
 #: outcomes a worker may report at finish
 FINISH_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.TIMED_OUT})
+
+
+#: how long a run whose tenant is at its RUNNING quota waits before its start is tried again, seconds
+TENANT_BUSY_RETRY_SECONDS = 5
 
 
 class NotStartedError(StartRejectedError):
@@ -54,6 +58,18 @@ def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float |
     now = deps.clock.now()
     if message.overlap:
         _apply_overlap(message, deps)
+    limit = deps.settings.tenant_max_running
+    if (
+        limit is not None
+        and message.tenant
+        and message.tier
+        and deps.store.count_running(message.tenant) >= limit
+    ):
+        # the tenant is at its concurrency quota: look again shortly (the run stays PENDING, watched)
+        deps.queues.send(message.tier, message, delay=TENANT_BUSY_RETRY_SECONDS)
+        raise NotStartedError(
+            f"tenant {message.tenant!r} has {limit} runs RUNNING, its quota; run {message.run_id} waits"
+        )
     lease_expires_at = now + timedelta(seconds=lease_seconds or deps.settings.lease_seconds)
     deadline_at = (
         now + timedelta(seconds=message.timeout_seconds) if message.timeout_seconds is not None else None
@@ -71,6 +87,7 @@ def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float |
             now=now,
             deadline_at=deadline_at,
             watch_at=watch_at,
+            running_tenant=message.tenant if limit is not None else None,
         )
     except StartRejectedError:
         run = deps.store.get_run(message.job_id, message.due_at)
@@ -180,6 +197,7 @@ def message_for(run: Run, *, attempt: int | None = None) -> RunMessage:
         timeout_seconds=run.timeout_seconds,
         kill_grace_seconds=run.on_timeout.kill_grace_seconds,
         tenant=run.tenant,
+        tier=run.task.tier,
     )
 
 
@@ -389,7 +407,7 @@ def _attempt_end_update(
         )
         if outcome is RunState.TIMED_OUT:
             upd.sets["timeout_outcome"] = f"attempt {run.attempt + 1} after a {delay:.1f} s backoff"
-        upd.removes.extend(["lease_owner", "lease_expires_at", "deadline_at"])
+        upd.removes.extend(["lease_owner", "lease_expires_at", "deadline_at", RUNNING_INDEX_PK])
     else:
         upd.sets["state"] = outcome.value
         if retryable:  # out of attempts

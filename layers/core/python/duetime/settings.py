@@ -63,6 +63,9 @@ class Settings(BaseModel):
     #: per-tenant quotas (stage configuration): ACTIVE or PAUSED jobs, and job submits per minute
     tenant_max_active_jobs: int = Field(default=10_000, ge=1)
     tenant_submits_per_minute: int = Field(default=600, ge=1)
+    #: per-tenant limit on RUNNING runs (a soft limit: two starts at the same instant may pass it by one);
+    #: unset = no limit and no bookkeeping
+    tenant_max_running: int | None = Field(default=None, ge=1)
 
     @field_validator("queue_urls")
     @classmethod
@@ -104,6 +107,7 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_IDEMPOTENCY_TTL_SECONDS": "idempotency_ttl_seconds",
     "DUETIME_TENANT_MAX_ACTIVE_JOBS": "tenant_max_active_jobs",
     "DUETIME_TENANT_SUBMITS_PER_MINUTE": "tenant_submits_per_minute",
+    "DUETIME_TENANT_MAX_RUNNING": "tenant_max_running",
 }
 
 

@@ -40,6 +40,8 @@ from duetime.resources import (
     DUE_INDEX_SK,
     JOBS_BY_TENANT_INDEX,
     JOBS_PK,
+    RUNNING_INDEX,
+    RUNNING_INDEX_PK,
     RUNS_PK,
     RUNS_SK,
     RUNS_TTL_ATTRIBUTE,
@@ -153,7 +155,7 @@ def run_to_item(run: Run, *, retention_days: int) -> dict[str, Any]:
 
 #: attributes that exist only to place a run in a sparse index (derived from the run's own fields)
 _INDEX_ONLY_ATTRIBUTES = frozenset(
-    {WATCH_INDEX_PK, ACTIVE_INDEX_PK, DEAD_LETTER_INDEX_PK, RUNS_TTL_ATTRIBUTE}
+    {WATCH_INDEX_PK, ACTIVE_INDEX_PK, RUNNING_INDEX_PK, DEAD_LETTER_INDEX_PK, RUNS_TTL_ATTRIBUTE}
 )
 
 
@@ -535,6 +537,18 @@ class DynamoStore:
         )
         return [run_from_item(deserialize(i)) for i in out.get("Items", [])]
 
+    def count_running(self, tenant: str) -> int:
+        """How many of the tenant's runs are RUNNING (running-runs GSI; eventually consistent)."""
+        out = self._ddb.query(
+            TableName=self.runs_table,
+            IndexName=RUNNING_INDEX,
+            KeyConditionExpression="#pk = :t",
+            ExpressionAttributeNames={"#pk": RUNNING_INDEX_PK},
+            ExpressionAttributeValues=serialize({":t": tenant}),
+            Select="COUNT",
+        )
+        return int(out.get("Count", 0))
+
     # ---- tenant quotas -------------------------------------------------------------------------------
     def add_active_jobs(self, tenant: str, delta: int, *, limit: int | None = None) -> bool:
         """Add ``delta`` to the tenant's active-jobs counter; with ``limit``, only if it stays within it.
@@ -648,6 +662,7 @@ class DynamoStore:
         now: datetime,
         deadline_at: datetime | None = None,
         watch_at: datetime | None = None,
+        running_tenant: str | None = None,
     ) -> Run:
         """Start ``attempt``: the run becomes RUNNING and its fencing token goes up by one.
 
@@ -677,6 +692,8 @@ class DynamoStore:
         )
         if deadline_at is not None:
             upd.sets["deadline_at"] = deadline_at
+        if running_tenant is not None:
+            upd.sets[RUNNING_INDEX_PK] = running_tenant
         # the previous attempt's outcome stays in `attempts`, not on the run being retried
         upd.removes.extend(["retry_at", "finished_at", "exit_code", "error", "result", "result_truncated"])
         upd.adds["fencing_token"] = 1
@@ -734,4 +751,12 @@ class DynamoStore:
 
 def terminal_removals() -> Sequence[str]:
     """Attributes a run drops when it becomes terminal (it leaves the watchdog GSI, the lease ends)."""
-    return (WATCH_INDEX_PK, WATCH_INDEX_SK, ACTIVE_INDEX_PK, "lease_owner", "lease_expires_at", "retry_at")
+    return (
+        WATCH_INDEX_PK,
+        WATCH_INDEX_SK,
+        ACTIVE_INDEX_PK,
+        RUNNING_INDEX_PK,
+        "lease_owner",
+        "lease_expires_at",
+        "retry_at",
+    )

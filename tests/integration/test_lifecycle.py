@@ -176,3 +176,16 @@ def test_a_patch_with_explicit_nulls_changes_nothing_and_keeps_the_job_readable(
     assert patched["starting_deadline_seconds"] is None  # the one nullable field: null removes the deadline
     assert call(api, "GET", f"/jobs/{job['job_id']}")[0] == 200
     assert call(api, "GET", "/jobs")[0] == 200
+
+
+def test_patching_a_lambda_jobs_timeout_past_lambdas_limit_is_refused(api: ModuleType) -> None:
+    body = {
+        "name": "fn",
+        "schedule": {"expression": "rate(1 hour)"},
+        "task": {"kind": "lambda", "function": "hello", "payload": {}},
+    }
+    status, job, _ = call(api, "POST", "/jobs", body)
+    assert status == 201, job
+    status, answer, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", {"timeout_seconds": 901})
+    assert status == 400 and answer["error"]["field"] == "timeout_seconds"
+    assert call(api, "GET", f"/jobs/{job['job_id']}")[1]["timeout_seconds"] <= 900

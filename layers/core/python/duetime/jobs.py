@@ -21,7 +21,16 @@ from duetime.errors import (
     RequestFieldError,
     ScheduleError,
 )
-from duetime.models import Job, JobState, Run, RunState, Trigger, parse_run_id
+from duetime.models import (
+    MAX_LAMBDA_TIMEOUT_SECONDS,
+    Job,
+    JobState,
+    LambdaTask,
+    Run,
+    RunState,
+    Trigger,
+    parse_run_id,
+)
 from duetime.resources import ACTIVE_INDEX_PK, DEAD_LETTER_INDEX_PK
 from duetime.runs import cancel, message_for
 from duetime.schedules import DstPolicy, parse_schedule
@@ -356,6 +365,11 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
             "version": job.version + 1,
         }
     )
+    if isinstance(updated.task, LambdaTask) and updated.timeout_seconds > MAX_LAMBDA_TIMEOUT_SECONDS:
+        raise RequestFieldError(
+            f"timeout_seconds: a Lambda task runs at most {MAX_LAMBDA_TIMEOUT_SECONDS} s (Lambda's limit)",
+            "timeout_seconds",
+        )
     if "schedule" in changes:
         if request.schedule is None:
             raise RequestFieldError("schedule: a job's schedule can be changed but not removed", "schedule")

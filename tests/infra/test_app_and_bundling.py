@@ -14,7 +14,8 @@ pytest.importorskip("aws_cdk", reason=CDK_MISSING)
 from infra.app import CDK_JSON, parse_context_args  # noqa: E402
 from infra.bundling import NOT_BUNDLED, layer_requirements, pip_command, requirement_name  # noqa: E402
 
-pytestmark = pytest.mark.infra
+# one xdist group: with `--dist loadgroup` the CDK app is synthesized by one worker only
+pytestmark = [pytest.mark.infra, pytest.mark.xdist_group("cdk")]
 
 
 def test_cdk_json_runs_the_app_module() -> None:

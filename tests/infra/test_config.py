@@ -13,6 +13,8 @@ from infra.config import StageConfig, WorkerTierConfig, stage_from_context
 
 CDK_JSON = Path(__file__).resolve().parents[2] / "cdk.json"
 
+pytestmark = pytest.mark.infra
+
 
 def context(**values: Any) -> Any:
     return lambda key: values.get(key)

@@ -21,7 +21,8 @@ from infra.constructs.functions import FUNCTIONS, Functions, FunctionSpec  # noq
 from infra.constructs.queues import DISPATCHER_TIMEOUT_SECONDS, TierQueues  # noqa: E402
 from infra.constructs.storage import Storage  # noqa: E402
 
-pytestmark = pytest.mark.infra
+# one xdist group: with `--dist loadgroup` the CDK app is synthesized by one worker only
+pytestmark = [pytest.mark.infra, pytest.mark.xdist_group("cdk")]
 
 
 def build(spec: FunctionSpec) -> Stack:

@@ -19,7 +19,8 @@ from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
 from infra.nag import acknowledge  # noqa: E402
 
-pytestmark = pytest.mark.infra
+# one xdist group: with `--dist loadgroup` the CDK app is synthesized by one worker only
+pytestmark = [pytest.mark.infra, pytest.mark.xdist_group("cdk")]
 
 
 def findings(scope: object) -> list[tuple[str, list[str]]]:

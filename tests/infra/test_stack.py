@@ -42,7 +42,8 @@ from duetime.settings import ALL_TIERS, CONTAINER_TIERS, ENV_VARS, Settings, set
 from infra.constructs.functions import FUNCTIONS  # noqa: E402
 from infra.constructs.queues import DISPATCHER_TIMEOUT_SECONDS  # noqa: E402
 
-pytestmark = pytest.mark.infra
+# one xdist group: with `--dist loadgroup` the CDK app is synthesized by one worker only
+pytestmark = [pytest.mark.infra, pytest.mark.xdist_group("cdk")]
 
 #: Identity-policy actions that AWS only accepts on Resource "*".
 STAR_RESOURCE_ACTIONS = {"xray:PutTraceSegments", "xray:PutTelemetryRecords", "ecr:GetAuthorizationToken"}

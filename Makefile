@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: fuzz run test test-unit test-integration test-e2e lint format typecheck clean synth lint-infra
+.PHONY: fuzz run test test-unit test-integration test-e2e lint format typecheck clean synth lint-infra bench bench-quick
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ run: $(STAMP)
 
 ## the whole suite: unit, integration (moto in-process) and end-to-end (the real local stack)
 test: $(STAMP)
-	$(VENV)/bin/pytest -n 2 -q
+	$(VENV)/bin/pytest -n 2 --dist loadgroup -q
 
 test-unit: $(STAMP)
 	$(VENV)/bin/pytest -q tests/unit
@@ -62,3 +62,12 @@ lint-infra: synth
 ## schemathesis against the local stack's /openapi.json, with many more examples than the CI run
 fuzz: $(STAMP)
 	DUETIME_FUZZ_EXAMPLES=200 $(VENV)/bin/pytest -q tests/e2e/test_fuzz_api.py
+
+## benchmarks (measurements, never pass/fail; ~15 min): cost per run, burst lag vs APScheduler 3, tick claims/s,
+## scale model; prints a table and writes bench/results/latest.json. ARGS="lag --sizes 100" runs one part.
+bench: $(STAMP)
+	$(PY) -m bench $(or $(ARGS),all)
+
+## the same parts on a small workload (under 3 minutes)
+bench-quick: $(STAMP)
+	$(PY) -m bench $(or $(ARGS),all) --quick

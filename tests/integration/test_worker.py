@@ -207,3 +207,19 @@ def test_the_sweeper_resends_a_pending_run_whose_message_was_lost(deps: Deps, cl
     assert "recovered" in jobs.get_run_log(run.run_id, tenant="t1", deps=deps)
     # And a second sweep finds nothing to do
     assert sweep(run.shard, deps).resent == 0
+
+
+def test_starting_a_first_attempt_publishes_its_schedule_lag(deps: Deps, clock, capsys, monkeypatch) -> None:
+    # Given a run due now that starts 2.5 s later
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    job_id = _submit(deps, ["true"])
+    [pending] = deps.store.list_runs(job_id)
+    clock.advance(2.5)
+    capsys.readouterr()
+    runs.start(RunMessage(job_id=job_id, due_at=pending.due_at, attempt=1), deps, owner="w1")
+    # Then an EMF record of ScheduleLag = 2.5 seconds, namespace Duetime, is printed for CloudWatch
+    import json
+
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"ScheduleLag"' in line]
+    assert len(records) == 1 and records[0]["ScheduleLag"] in (2.5, [2.5])
+    assert records[0]["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "Duetime"

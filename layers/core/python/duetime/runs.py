@@ -12,6 +12,8 @@ from __future__ import annotations
 from contextlib import suppress
 from datetime import datetime, timedelta
 
+from aws_lambda_powertools.metrics import MetricUnit
+
 from duetime.deps import Deps
 from duetime.errors import AlreadyClaimedError, LeaseLostError, StartRejectedError
 from duetime.models import AttemptRecord, Run, RunMessage, RunState, Trigger
@@ -78,7 +80,7 @@ def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float |
     if deadline_at is not None:
         watch_at = min(watch_at, handler_due_at(deadline_at, message.kill_grace_seconds, deps))
     try:
-        return deps.store.start_run(
+        started = deps.store.start_run(
             message.job_id,
             message.due_at,
             attempt=message.attempt,
@@ -101,6 +103,10 @@ def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float |
             skip(run, deps, reason="starting_deadline_exceeded")
             raise NotStartedError(f"run {run.run_id} missed its starting deadline") from None
         raise
+    if started.attempt == 1 and started.started_at is not None:
+        # schedule lag, the "on time" promise: start minus due time of a run's first attempt (DESIGN.md 10)
+        emit_metric("ScheduleLag", (started.started_at - started.due_at).total_seconds(), MetricUnit.Seconds)
+    return started
 
 
 def _apply_overlap(message: RunMessage, deps: Deps) -> None:

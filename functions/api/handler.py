@@ -31,7 +31,7 @@ from duetime.api_models import (
 )
 from duetime.deps import default_deps
 from duetime.errors import ConflictError, NotFoundError, QuotaExceededError, RequestFieldError, ScheduleError
-from duetime.models import TASK_KINDS, Job, JobState, RunState
+from duetime.models import TASK_KINDS, Job, JobState, RunState, in_supported_range
 from duetime.observability import logger
 from duetime.store import JobExistsError
 
@@ -330,6 +330,11 @@ def list_runs(
     for name, value in (("since", since), ("until", until)):
         if value is not None and value.tzinfo is None:
             raise RequestFieldError(f"{name}: needs a UTC offset, e.g. 2026-12-01T10:00:00Z", name)
+        if value is not None:
+            try:
+                in_supported_range(value)
+            except ValueError as exc:
+                raise RequestFieldError(f"{name}: {exc}", name) from None
     found, token = jobs.query_runs(
         job_id,
         tenant=current_tenant(),
@@ -410,6 +415,11 @@ def preview_schedule(
     for name, value in (("after", after), ("anchor", anchor)):
         if value is not None and value.tzinfo is None:
             raise ScheduleError(f"{name} needs a UTC offset, e.g. 2026-12-01T10:00:00Z", name)
+        if value is not None:
+            try:
+                in_supported_range(value)
+            except ValueError as exc:
+                raise RequestFieldError(f"{name}: {exc}", name) from None
     return jobs.preview_schedule(
         expression, timezone, after=start, anchor=anchor or start, count=count, dst_policy=dst_policy
     )

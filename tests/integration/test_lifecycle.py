@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from types import ModuleType
 
+import pytest
+
 from duetime import claims
 from duetime.worker import Worker
 from tests.conftest import T0
@@ -189,3 +191,41 @@ def test_patching_a_lambda_jobs_timeout_past_lambdas_limit_is_refused(api: Modul
     status, answer, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", {"timeout_seconds": 901})
     assert status == 400 and answer["error"]["field"] == "timeout_seconds"
     assert call(api, "GET", f"/jobs/{job['job_id']}")[1]["timeout_seconds"] <= 900
+
+
+def test_patch_merges_the_schedule_and_policies_field_by_field(api: ModuleType) -> None:
+    body = {**EVERY_5, "schedule": {"expression": "0 9 * * *", "timezone": "America/New_York"},
+            "retry": {"max_attempts": 5, "backoff_seconds": 2}}
+    _, job, _ = call(api, "POST", "/jobs", body)
+    status, patched, _ = call(api, "PATCH", f"/jobs/{job['job_id']}",
+                              {"schedule": {"expression": "0 10 * * *"}, "retry": {"max_attempts": 7}})
+    assert status == 200, patched
+    assert patched["schedule"]["timezone"] == "America/New_York"  # kept
+    assert patched["retry"]["backoff_seconds"] == 2 and patched["retry"]["max_attempts"] == 7
+    status, patched, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", {"schedule": {"timezone": "Asia/Tokyo"}})
+    assert status == 200 and patched["schedule"] == {**patched["schedule"], "expression": "0 10 * * *",
+                                                     "timezone": "Asia/Tokyo"}
+    # a run-now job has no schedule to merge into: a partial one names the missing field
+    _, once, _ = call(api, "POST", "/jobs", {**EVERY_5, "schedule": None})
+    status, body, _ = call(api, "PATCH", f"/jobs/{once['job_id']}", {"schedule": {"timezone": "UTC"}})
+    assert status == 400 and body["error"]["field"] == "schedule.expression"
+
+
+@pytest.mark.parametrize(
+    ("method", "path_fmt", "payload", "query", "field"),
+    [
+        ("POST", "/jobs", {"schedule": {"expression": "rate(1 minute)", "start_at": "0001-01-01T00:00:00Z"}}, None,
+         "schedule.start_at"),
+        ("POST", "/jobs", {"schedule": {"expression": "rate(1 minute)", "end_at": "9999-12-31T23:59:59-14:00"}},
+         None, "schedule.end_at"),
+        ("GET", "/jobs/{job}/runs", None, {"since": "0001-01-01T00:00:00+14:00"}, "since"),
+        ("GET", "/jobs", None, {"next_token": "eyJjcmVhdGVkX2F0Ijp7Ik4iOiIxIn0sImpvYl9pZCI6eyJTIjoieSJ9LCJ0ZW5hbnQiOnsiUyI6ImxvY2FsIn19"},
+         "next_token"),
+    ],
+)
+def test_out_of_range_instants_and_forged_tokens_are_400(api, method, path_fmt, payload, query, field) -> None:
+    _, job, _ = call(api, "POST", "/jobs", EVERY_5)
+    body = {**EVERY_5, **payload} if payload else None
+    status, answer, _ = call(api, method, path_fmt.format(job=job["job_id"]), body, query=query)
+    assert status == 400, answer
+    assert answer["error"]["field"] == field

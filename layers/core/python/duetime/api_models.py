@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -27,6 +27,7 @@ from duetime.models import (
     JobState,
     OnTimeout,
     OverlapPolicy,
+    RequestInstant,
     RetryPolicy,
     Run,
     RunEvent,
@@ -100,6 +101,18 @@ class CreateJobRequest(BaseModel):
     _timeout_fits_lambda = field_validator("timeout_seconds")(_lambda_timeout)
 
 
+class SchedulePatch(BaseModel):
+    """A partial schedule for ``PATCH``: the fields sent replace the job's, the others stay."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    expression: str | None = Field(default=None, min_length=1, max_length=256)
+    timezone: str | None = Field(default=None, min_length=1, max_length=64)
+    start_at: RequestInstant | None = None
+    end_at: RequestInstant | None = None
+    dst_policy: Literal["shift", "skip"] | None = None
+
+
 class UpdateJobRequest(BaseModel):
     """``PATCH /jobs/{job_id}`` body: the fields to change (others keep their values). A schedule change
     recomputes ``next_fire_at`` from now and never fires a slot that was already claimed again."""
@@ -107,7 +120,7 @@ class UpdateJobRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)] | None = None
-    schedule: ScheduleSpec | None = None
+    schedule: SchedulePatch | None = None
     task: Task | None = None
     timeout_seconds: SInt | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
     retry: RetryPolicy | None = None

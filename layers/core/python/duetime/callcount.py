@@ -46,6 +46,7 @@ SQS_CHUNK_BYTES = 64 * 1024
 
 _WRITE_OPS = frozenset({"PutItem", "UpdateItem", "DeleteItem"})
 _READ_OPS = frozenset({"GetItem", "Query", "Scan", "BatchGetItem"})
+_ITEM_OPS = _WRITE_OPS | {"GetItem"}
 
 _lock = threading.Lock()
 _files: dict[str, Any] = {}
@@ -256,6 +257,8 @@ class _Recorder:
     ) -> dict[str, Any]:
         params = state["params"]
         out: dict[str, Any] = {"table": params.get("TableName")}
+        if op in _ITEM_OPS and (params.get("Key") or state.get("key")):
+            out["key"] = _key_text(params.get("Key") or state["key"])
         if op in _WRITE_OPS and self.light:
             pass
         elif op in _WRITE_OPS:
@@ -299,6 +302,7 @@ class _Recorder:
                 size = sum(item_size(i) for i in items)
                 consistent = bool(params.get("ConsistentRead")) and "IndexName" not in params
                 out.update(
+                    page="ExclusiveStartKey" in params,
                     index=params.get("IndexName"),
                     items=len(items),
                     read_bytes=size,
@@ -347,6 +351,11 @@ class _Recorder:
         elif op == "GetObject":
             out["bytes"] = parsed.get("ContentLength")
         return out
+
+
+def _key_text(key: Mapping[str, Any]) -> str:
+    """A primary key as short text: its values joined by ``|`` (to recognise the same item again)."""
+    return "|".join(str(next(iter(key[k].values()))) for k in sorted(key))[:200]
 
 
 def _write_requests(op: str, params: Mapping[str, Any]) -> list[Mapping[str, Any]]:

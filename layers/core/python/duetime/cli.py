@@ -36,6 +36,15 @@ def local(
             help="NAME:TOKEN, repeatable: requests need `Authorization: Bearer TOKEN` and act as NAME"
         ),
     ] = None,
+    tenant_submits_per_minute: Annotated[
+        int | None, typer.Option(min=1, help="quota: job submits per tenant per minute (429 over it)")
+    ] = None,
+    tenant_max_active_jobs: Annotated[
+        int | None, typer.Option(min=1, help="quota: ACTIVE or PAUSED jobs per tenant (409 over it)")
+    ] = None,
+    tenant_max_running: Annotated[
+        int | None, typer.Option(min=1, help="quota: RUNNING runs per tenant (more wait PENDING)")
+    ] = None,
     aws_endpoint: Annotated[
         str | None,
         typer.Option(
@@ -88,6 +97,9 @@ def local(
             aws_endpoint=aws_endpoint,
             tenants=tenants,
             lambdas=lambdas,
+            tenant_submits_per_minute=tenant_submits_per_minute,
+            tenant_max_active_jobs=tenant_max_active_jobs,
+            tenant_max_running=tenant_max_running,
         )
     )
     try:

@@ -10,6 +10,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from pydantic import ValidationError
+
 from duetime.api_models import CreateJobRequest, SchedulePreviewResponse, UpdateJobRequest
 from duetime.claims import claim_until, next_fire_after
 from duetime.deps import Deps
@@ -262,11 +264,14 @@ def encode_token(key: dict[str, Any] | None) -> str | None:
     return base64.urlsafe_b64encode(json.dumps(key, sort_keys=True).encode()).decode().rstrip("=")
 
 
-def decode_token(token: str | None, *, expected: tuple[str, ...]) -> dict[str, Any] | None:
-    """The key inside a token from :func:`encode_token`.
+def decode_token(
+    token: str | None, *, expected: tuple[str, ...], must_match: dict[str, str] | None = None
+) -> dict[str, Any] | None:
+    """The key inside a token from :func:`encode_token`: exactly ``expected`` attributes, each a string
+    (``{"S": ...}``), and those in ``must_match`` equal to the given values (the caller's tenant or job).
 
     Raises:
-        RequestFieldError: the token is not one this API issued (field ``next_token``).
+        RequestFieldError: the token is not one this API issued for this list (field ``next_token``).
     """
     if not token:
         return None
@@ -274,6 +279,12 @@ def decode_token(token: str | None, *, expected: tuple[str, ...]) -> dict[str, A
         key = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
         if not isinstance(key, dict) or set(key) != set(expected):
             raise ValueError("unexpected key")
+        for name, value in key.items():
+            if not isinstance(value, dict) or set(value) != {"S"} or not isinstance(value["S"], str):
+                raise ValueError(f"{name} is not a string")
+        for name, wanted in (must_match or {}).items():
+            if key[name]["S"] != wanted:
+                raise ValueError(f"{name} does not match")
         return key
     except (ValueError, TypeError):
         raise RequestFieldError(
@@ -305,7 +316,9 @@ def list_jobs(
     name_prefix: str | None = None,
 ) -> tuple[list[Job], str | None]:
     """The caller's jobs, newest first (DELETED ones only when ``state=DELETED``), and the next page's token."""
-    start = decode_token(next_token, expected=("job_id", "tenant", "created_at"))
+    start = decode_token(
+        next_token, expected=("job_id", "tenant", "created_at"), must_match={"tenant": tenant}
+    )
     found, key = deps.store.list_jobs(
         tenant, limit=limit, start_key=start, state=state, name_prefix=name_prefix
     )
@@ -325,7 +338,7 @@ def query_runs(
 ) -> tuple[list[Run], str | None]:
     """The job's runs, newest due time first, filtered by state and due-time window; and the next token."""
     get_job(job_id, tenant=tenant, deps=deps)
-    start = decode_token(next_token, expected=("job_id", "due_at"))
+    start = decode_token(next_token, expected=("job_id", "due_at"), must_match={"job_id": job_id})
     found, key = deps.store.query_runs(
         job_id, limit=limit, start_key=start, state=state, since=since, until=until
     )
@@ -346,34 +359,37 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
     job = get_job(job_id, tenant=tenant, deps=deps)
     if job.state is JobState.DELETED:
         raise ConflictError(f"job {job_id} is deleted")
-    # a field sent as null means "no change", except starting_deadline_seconds, where it removes the deadline
+    # a field sent as null means "no change", except starting_deadline_seconds, where it removes the deadline;
+    # policies and the schedule merge field by field: only what was sent changes
     changes = {
         k: v
         for k, v in request.model_dump(exclude_unset=True).items()
         if v is not None or k in ("starting_deadline_seconds", "schedule")
     }
-    if "on_timeout" in changes and request.on_timeout is not None:
-        _check_trigger_target(
-            request.on_timeout.job_id if request.on_timeout.action == "trigger" else None, tenant, deps
-        )
+    if "schedule" in changes and changes["schedule"] is None:
+        raise RequestFieldError("schedule: a job's schedule can be changed but not removed", "schedule")
+    for name in ("schedule", "retry", "on_timeout", "catch_up", "overlap"):
+        current = getattr(job, name)
+        if name in changes and current is not None:
+            changes[name] = {**current.model_dump(), **changes[name]}
     now = truncate_ms(deps.clock.now())
-    updated = Job.model_validate(
-        {
-            **job.model_dump(),
-            **{k: getattr(request, k) for k in changes},
-            "updated_at": now,
-            "version": job.version + 1,
-        }
-    )
+    try:
+        updated = Job.model_validate(
+            {**job.model_dump(), **changes, "updated_at": now, "version": job.version + 1}
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
+        raise RequestFieldError(f"{field}: {first['msg']}", field) from None
+    if "on_timeout" in changes and updated.on_timeout.action == "trigger":
+        _check_trigger_target(updated.on_timeout.job_id, tenant, deps)
     if isinstance(updated.task, LambdaTask) and updated.timeout_seconds > MAX_LAMBDA_TIMEOUT_SECONDS:
         raise RequestFieldError(
             f"timeout_seconds: a Lambda task runs at most {MAX_LAMBDA_TIMEOUT_SECONDS} s (Lambda's limit)",
             "timeout_seconds",
         )
-    if "schedule" in changes:
-        if request.schedule is None:
-            raise RequestFieldError("schedule: a job's schedule can be changed but not removed", "schedule")
-        spec = request.schedule
+    if "schedule" in changes and updated.schedule is not None:
+        spec = updated.schedule
         anchor = truncate_ms(spec.start_at) if spec.start_at is not None else now
         parse_schedule(
             spec.expression,

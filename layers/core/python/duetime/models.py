@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -43,10 +43,30 @@ def _no_epoch_numbers(value: object) -> object:
     return value
 
 
+#: Instants Duetime accepts: EventBridge Scheduler's year range (its cron year field is 1970-2199).
+MIN_YEAR, MAX_YEAR = 1970, 2199
+
+
+def in_supported_range(value: datetime) -> datetime:
+    """``value`` if its UTC instant lies in years 1970-2199.
+
+    Raises:
+        ValueError: outside that range (a year-1 or year-9999 instant cannot even be shifted to UTC).
+    """
+    try:
+        year = value.astimezone(UTC).year
+    except (OverflowError, ValueError):
+        year = 0
+    if not MIN_YEAR <= year <= MAX_YEAR:
+        raise ValueError(f"must lie between {MIN_YEAR} and {MAX_YEAR} (UTC)")
+    return value
+
+
 #: An instant in a request: ISO-8601 with an offset; epoch numbers are refused (seconds or milliseconds?).
 RequestInstant = Annotated[
     AwareDatetime,
     BeforeValidator(_no_epoch_numbers),
+    AfterValidator(in_supported_range),
     PlainSerializer(lambda d: to_iso(d), return_type=str, when_used="json"),
 ]
 

@@ -16,6 +16,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from duetime.deps import Deps
 from duetime.errors import AlreadyClaimedError, LeaseLostError, StartRejectedError
+from duetime.logs import log_key
 from duetime.models import AttemptRecord, Run, RunMessage, RunState, Trigger
 from duetime.observability import emit_metric, logger
 from duetime.queue import delay_seconds
@@ -162,25 +163,38 @@ def skip(run: Run, deps: Deps, *, reason: str) -> Run | None:
 
 def cancel(job_id: str, due_at: datetime, deps: Deps, *, reason: str) -> Run | None:
     """Any non-terminal state -> CANCELLED, fencing token bumped so a running worker's next heartbeat is
-    rejected and it kills its task. Returns None if the run was already terminal (or absent)."""
-    now = deps.clock.now()
-    upd = Update()
-    st = upd.name("state")
-    active = [RunState.PENDING, RunState.RUNNING, RunState.RETRY_WAIT]
-    upd.extra_condition = " OR ".join(
-        f"{st} = {upd.value('st' + str(i), s.value)}" for i, s in enumerate(active)
-    )
-    upd.sets.update(state=RunState.CANCELLED.value, finished_at=now, error=reason)
-    upd.adds["fencing_token"] = 1
-    upd.removes.extend(terminal_removals())
-    upd.appends["events"] = [{"at": now, "kind": "cancelled", "detail": {"reason": reason}}]
-    try:
-        cancelled = deps.store.update_run(job_id, due_at, upd)
-    except ConditionFailedError:
-        return None
-    logger.info("run cancelled", extra={"run_id": cancelled.run_id, "reason": reason})
-    after_terminal(cancelled, deps)
-    return cancelled
+    rejected and it kills its task. A RUNNING attempt is recorded in ``attempts`` (reason ``cancelled``,
+    with the log key its worker uploads to). Returns None if the run was already terminal (or absent)."""
+    for _ in range(3):  # re-read if the run moves on between the read and the conditional write
+        run = deps.store.get_run(job_id, due_at)
+        if run is None or run.state.terminal:
+            return None
+        now = deps.clock.now()
+        upd = Update(conditions={"state": run.state.value, "fencing_token": run.fencing_token})
+        upd.sets.update(state=RunState.CANCELLED.value, finished_at=now, error=reason)
+        upd.adds["fencing_token"] = 1
+        upd.removes.extend(terminal_removals())
+        upd.appends["events"] = [{"at": now, "kind": "cancelled", "detail": {"reason": reason}}]
+        if run.state is RunState.RUNNING:
+            record = AttemptRecord(
+                attempt=run.attempt,
+                fencing_token=run.fencing_token,
+                worker=run.lease_owner,
+                started_at=run.started_at,
+                finished_at=now,
+                state=RunState.CANCELLED,
+                reason="cancelled",
+                log_key=log_key(run.job_id, run.run_id, run.attempt),
+            )
+            upd.appends["attempts"] = [record.model_dump(mode="python", exclude_none=True)]
+        try:
+            cancelled = deps.store.update_run(job_id, due_at, upd)
+        except ConditionFailedError:
+            continue
+        logger.info("run cancelled", extra={"run_id": cancelled.run_id, "reason": reason})
+        after_terminal(cancelled, deps)
+        return cancelled
+    return None
 
 
 def after_terminal(run: Run, deps: Deps) -> None:

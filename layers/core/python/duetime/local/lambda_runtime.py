@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-import queue
 import os
+import queue
 import time
 import uuid
 from collections.abc import Callable

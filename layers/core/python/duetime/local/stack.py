@@ -63,6 +63,10 @@ class LocalOptions:
     verbose: bool = False
     state_file: Path = STATE_FILE
     demo_file: Path | None = None
+    #: per-tenant quotas (None: the Settings defaults)
+    tenant_submits_per_minute: int | None = None
+    tenant_max_active_jobs: int | None = None
+    tenant_max_running: int | None = None
     #: bearer token -> tenant; empty = every request is the single tenant `local`
     tenants: dict[str, str] = field(default_factory=dict)
     #: reuse a moto server that is already running (its state survives a restart of Duetime's processes)
@@ -117,6 +121,15 @@ class LocalStack:
             pending_grace_seconds=opts.pending_grace_seconds,
             timeout_state_machine_arn=state_machine_arn,
             idempotency_table=names.idempotency_table,
+            **{
+                k: v
+                for k, v in {
+                    "tenant_submits_per_minute": opts.tenant_submits_per_minute,
+                    "tenant_max_active_jobs": opts.tenant_max_active_jobs,
+                    "tenant_max_running": opts.tenant_max_running,
+                }.items()
+                if v is not None
+            },
         )
         self.env = {
             **LOCAL_AWS_ENV,

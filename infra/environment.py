@@ -23,7 +23,12 @@ QUEUE_URLS_VAR = "DUETIME_QUEUE_URLS"
 
 
 def runtime_environment(
-    scope: Construct, *, config: StageConfig, storage: Storage, queues: TierQueues
+    scope: Construct,
+    *,
+    config: StageConfig,
+    storage: Storage,
+    queues: TierQueues,
+    timeout_state_machine_arn: str | None = None,
 ) -> dict[str, str]:
     """Every ``DUETIME_*`` variable (``settings.ENV_VARS``) for this stack and stage."""
     values: dict[str, object] = {
@@ -37,7 +42,8 @@ def runtime_environment(
     }
     if "idempotency_table" in Settings.model_fields:  # Powertools idempotency of Idempotency-Key requests
         values["idempotency_table"] = storage.idempotency.table_name
-    # not set: timeout_state_machine_arn (no state machine yet: the sweeper settles timeouts in-process)
+    if timeout_state_machine_arn is not None:  # the sweeper hands stuck attempts to it (duetime.timeouts)
+        values["timeout_state_machine_arn"] = timeout_state_machine_arn
     settings = Settings.model_validate(values)
     env = settings_to_env(settings)
     env[QUEUE_URLS_VAR] = Stack.of(scope).to_json_string(queues.urls)

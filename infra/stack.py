@@ -14,6 +14,7 @@ from infra.constructs.monitoring import Monitoring
 from infra.constructs.queues import TierQueues
 from infra.constructs.scheduler import Schedules
 from infra.constructs.storage import Storage
+from infra.constructs.timeouts import TimeoutHandler
 from infra.environment import runtime_environment
 
 
@@ -23,7 +24,7 @@ def stack_id(config: StageConfig) -> str:
 
 
 class DuetimeStack(Stack):
-    """Everything in DESIGN.md section 2 except the timeout-handler state machine (a later issue)."""
+    """Everything in DESIGN.md section 2."""
 
     def __init__(
         self,
@@ -42,7 +43,14 @@ class DuetimeStack(Stack):
         self.storage = Storage(self, "Storage", config=config)
         self.queues = TierQueues(self, "Queues")
         catalogue = Catalogue(self.storage, self.queues)
-        environment = runtime_environment(self, config=config, storage=self.storage, queues=self.queues)
+        self.timeouts = TimeoutHandler(self, "TimeoutHandler", config=config, catalogue=catalogue)
+        environment = runtime_environment(
+            self,
+            config=config,
+            storage=self.storage,
+            queues=self.queues,
+            timeout_state_machine_arn=self.timeouts.state_machine.state_machine_arn,
+        )
 
         self.functions = Functions(
             self,
@@ -59,6 +67,8 @@ class DuetimeStack(Stack):
         self.executors = Executors(
             self, "Executors", config=config, catalogue=catalogue, queues=self.queues, environment=environment
         )
+        self.timeouts.allow_stop_tasks(self.executors.cluster)
+        self.timeouts.state_machine.grant_start_execution(fn["sweeper"])
         self.monitoring = Monitoring(
             self, "Monitoring", config=config, queues=self.queues, api=self.api, functions=fn
         )
@@ -69,3 +79,16 @@ class DuetimeStack(Stack):
         CfnOutput(self, "JobsTableName", value=self.storage.jobs.table_name)
         CfnOutput(self, "RunsTableName", value=self.storage.runs.table_name)
         CfnOutput(self, "LogsBucketName", value=self.storage.logs_bucket.bucket_name)
+        CfnOutput(
+            self,
+            "TimeoutStateMachineArn",
+            value=self.timeouts.state_machine.state_machine_arn,
+            description="the timeout handler the sweeper starts for stuck attempts",
+        )
+        if "finish" in fn:
+            CfnOutput(
+                self,
+                "FinishFunctionArn",
+                value=fn["finish"].function_arn,
+                description="OnSuccess and OnFailure destination of every Lambda task's target function",
+            )

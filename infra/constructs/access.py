@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
+from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
 
 from duetime.logs import log_key
@@ -35,6 +37,13 @@ class Target(StrEnum):
     LOG_OBJECTS = "run log objects"
     #: the logs bucket itself (ListBucket: lets GetObject answer NoSuchKey instead of AccessDenied)
     LOGS_BUCKET = "logs bucket"
+    #: Lambda functions of this account and region tagged ``TARGET_TAG_KEY=TARGET_TAG_VALUE`` (Lambda tasks)
+    TAGGED_FUNCTIONS = "functions tagged for Duetime"
+
+
+#: The tag a function must carry for the dispatcher to invoke it as a Lambda task's target.
+TARGET_TAG_KEY = "duetime-target"
+TARGET_TAG_VALUE = "true"
 
 
 #: The indexes each table has, from the core's own definitions: an Access naming another index is refused.
@@ -89,11 +98,31 @@ class Catalogue:
                 return [s.logs_bucket.arn_for_objects(LOG_KEY_PREFIX + "*")]
             case Target.LOGS_BUCKET:
                 return [s.logs_bucket.bucket_arn]
+            case Target.TAGGED_FUNCTIONS:
+                return [
+                    Stack.of(s).format_arn(
+                        service="lambda",
+                        resource="function",
+                        resource_name="*",
+                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ]
         raise ValueError(access.target)
 
+    @staticmethod
+    def conditions(access: Access) -> dict[str, Any] | None:
+        if access.target is Target.TAGGED_FUNCTIONS:
+            return {"StringEquals": {f"aws:ResourceTag/{TARGET_TAG_KEY}": TARGET_TAG_VALUE}}
+        return None
+
     def statements(self, accesses: tuple[Access, ...]) -> list[iam.PolicyStatement]:
-        """One statement per entry: exact actions on exact resources."""
-        return [iam.PolicyStatement(actions=sorted(a.actions), resources=self.arns(a)) for a in accesses]
+        """One statement per entry: exact actions on exact resources (tagged functions: by tag condition)."""
+        return [
+            iam.PolicyStatement(
+                actions=sorted(a.actions), resources=self.arns(a), conditions=self.conditions(a)
+            )
+            for a in accesses
+        ]
 
     def grant(self, role: iam.IRole, accesses: tuple[Access, ...]) -> None:
         """Add the statements to ``role``; acknowledge the log-object wildcard where it is granted."""
@@ -105,4 +134,11 @@ class Catalogue:
                 arn_finding(self.storage.logs_bucket, f"/{LOG_KEY_PREFIX}*"),
                 f"S3 names objects by key: the grant covers exactly the run logs under {LOG_KEY_PREFIX} in "
                 "Duetime's own logs bucket",
+            )
+        if any(a.target is Target.TAGGED_FUNCTIONS for a in accesses):
+            acknowledge(
+                role,
+                "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:lambda:<AWS::Region>:<AWS::AccountId>:function:*]",
+                "Lambda tasks name their target at run time: the grant is limited by condition to functions "
+                f"of this account and region tagged {TARGET_TAG_KEY}={TARGET_TAG_VALUE}",
             )

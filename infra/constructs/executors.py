@@ -26,7 +26,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from duetime.resources import ACTIVE_INDEX
+from duetime.resources import ACTIVE_INDEX, RUNNING_INDEX
 from duetime.settings import CONTAINER_TIERS
 from infra.bundling import REPO_ROOT
 from infra.config import StageConfig, WorkerTierConfig
@@ -51,7 +51,8 @@ STOP_TIMEOUT = Duration.seconds(120)
 
 def worker_access(tier: str) -> tuple[Access, ...]:
     """The worker (``duetime.worker`` and ``duetime.runs``): pull, extend and delete its tier's messages; start
-    a run (UpdateItem, after an overlap check: Query the active index, GetItem), heartbeat and finish it
+    a run (UpdateItem, after an overlap check: Query the active index, GetItem, and the tenant's RUNNING quota:
+    Query the running-runs index), heartbeat and finish it
     (UpdateItem); afterwards send the retry wake-up, start an ``on_timeout: trigger`` run of another job (GetItem
     job, PutItem run, send to that job's tier) and wake the job's next waiting run; upload each attempt's log.
     """
@@ -62,6 +63,7 @@ def worker_access(tier: str) -> tuple[Access, ...]:
         allow(Target.QUEUES, "sqs:SendMessage"),
         allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
         allow(Target.RUNS, "dynamodb:Query", index=ACTIVE_INDEX),
+        allow(Target.RUNS, "dynamodb:Query", index=RUNNING_INDEX),
         allow(Target.JOBS, "dynamodb:GetItem"),
         allow(Target.LOG_OBJECTS, "s3:PutObject"),
     )

@@ -5,12 +5,6 @@ for a queue consumer, the tier whose queue feeds it. Every function gets arm64, 
 own log group with the stage's retention, active X-Ray tracing, its own role with only its listed access, and
 the same ``DUETIME_*`` environment (see :mod:`infra.environment`).
 
-The dispatcher (the lambda tier's consumer) comes with a later issue. Its entry will be::
-
-    FunctionSpec("dispatcher", "claim lambda-tier runs and invoke their targets",
-                 timeout_seconds=DISPATCHER_TIMEOUT_SECONDS, memory_mib=512, queue_source="lambda",
-                 access=(allow(Target.RUNS, "dynamodb:UpdateItem"), ...))
-
 ``queue_source`` adds an SQS event source with ``report_batch_item_failures`` (the handler must answer with
 Powertools' ``process_partial_response``) and checks the queue's visibility timeout is at least six times the
 function's timeout. The mechanism is exercised by ``tests/infra`` with a stand-in handler.
@@ -21,18 +15,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk.aws_lambda_event_sources import SqsEventSource
 from constructs import Construct
 
-from duetime.resources import ACTIVE_INDEX, DEAD_LETTER_INDEX, DUE_INDEX, JOBS_BY_TENANT_INDEX, WATCH_INDEX
+from duetime.resources import (
+    ACTIVE_INDEX,
+    DEAD_LETTER_INDEX,
+    DUE_INDEX,
+    JOBS_BY_TENANT_INDEX,
+    RUNNING_INDEX,
+    WATCH_INDEX,
+)
 from infra.bundling import LAYER_EXCLUDES, LAYER_SOURCE, PYTHON_VERSION, REPO_ROOT, layer_bundling
 from infra.config import StageConfig
 from infra.constructs.access import Access, Catalogue, Target, allow
-from infra.constructs.queues import EVENT_SOURCE_VISIBILITY_FACTOR, TierQueues, visibility_seconds
+from infra.constructs.queues import (
+    DISPATCHER_TIMEOUT_SECONDS,
+    EVENT_SOURCE_VISIBILITY_FACTOR,
+    TierQueues,
+    visibility_seconds,
+)
 from infra.nag import acknowledge
 
 RUNTIME = lambda_.Runtime.PYTHON_3_12
@@ -58,6 +64,8 @@ class FunctionSpec:
     queue_source: str | None = None
     #: Lambda's own retries of an asynchronous invocation (scheduled ones: the next schedule is the retry)
     async_retries: int = 2
+    #: the Lambda destination of target functions in this account: lambda.amazonaws.com may invoke it
+    destination: bool = False
     #: the folder holding handler.py (default ``functions/<name>``)
     source: Path | None = field(default=None, compare=False)
 
@@ -109,7 +117,8 @@ TICK = FunctionSpec(
 )
 #: The sweeper runs ``duetime.sweeper.sweep``: Query the watchdog index; re-send PENDING runs and release
 #: retries (UpdateItem, send); skip runs past their starting deadline, expire leases and settle timed-out
-#: attempts in-process (no timeout state machine yet): UpdateItem, then retry wake-ups (send), the
+#: attempts (start an execution of the timeout-handler state machine, granted by the stack; without one
+#: configured it settles them in-process with the same plan): UpdateItem, then retry wake-ups (send), the
 #: ``on_timeout: trigger`` run of another job (GetItem job, PutItem run, send) and the job's next waiting run
 #: (Query the active index, GetItem run, send).
 SWEEPER = FunctionSpec(
@@ -127,7 +136,46 @@ SWEEPER = FunctionSpec(
     async_retries=0,
 )
 
-FUNCTIONS: tuple[FunctionSpec, ...] = (API, TICK, SWEEPER)
+#: The dispatcher runs ``duetime.lambda_tasks.dispatch`` for each lambda-tier message: read and claim the run
+#: (GetItem, UpdateItem; overlap check on the active index, tenant RUNNING quota on the running-runs index),
+#: put a run over quota back on its queue (send), record an invoke failure's log (PutObject), and invoke the
+#: target asynchronously: only functions tagged ``duetime-target=true``.
+DISPATCHER = FunctionSpec(
+    "dispatcher",
+    "Duetime dispatcher: claim lambda-tier runs and invoke their target functions",
+    timeout_seconds=DISPATCHER_TIMEOUT_SECONDS,
+    memory_mib=512,
+    access=(
+        allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:UpdateItem"),
+        allow(Target.RUNS, "dynamodb:Query", index=ACTIVE_INDEX),
+        allow(Target.RUNS, "dynamodb:Query", index=RUNNING_INDEX),
+        allow(Target.QUEUES, *_SEND, tier="lambda"),
+        allow(Target.LOG_OBJECTS, "s3:PutObject"),
+        allow(Target.TAGGED_FUNCTIONS, "lambda:InvokeFunction"),
+    ),
+    queue_source="lambda",
+)
+#: Finish runs ``duetime.lambda_tasks.finish_from_record`` on a target's destination record: end the attempt
+#: under its fencing token (GetItem, UpdateItem run), write its log (Get/PutObject, ListBucket), then retry
+#: (send), start an ``on_timeout``/``on_failure`` trigger run of another job (GetItem job, PutItem run, send to
+#: its tier) and wake the job's next waiting run (Query the active index, send).
+FINISH = FunctionSpec(
+    "finish",
+    "Duetime finish: end Lambda task attempts from their functions' destination records",
+    timeout_seconds=30,
+    memory_mib=512,
+    access=(
+        allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:PutItem"),
+        allow(Target.RUNS, "dynamodb:Query", index=ACTIVE_INDEX),
+        allow(Target.JOBS, "dynamodb:GetItem"),
+        allow(Target.QUEUES, *_SEND),
+        allow(Target.LOG_OBJECTS, "s3:GetObject", "s3:PutObject"),
+        allow(Target.LOGS_BUCKET, "s3:ListBucket"),
+    ),
+    destination=True,
+)
+
+FUNCTIONS: tuple[FunctionSpec, ...] = (API, TICK, SWEEPER, DISPATCHER, FINISH)
 
 
 class Functions(Construct):
@@ -223,5 +271,11 @@ class Functions(Construct):
                     f"{spec.name}: the {spec.queue_source} queue's visibility timeout must be >= {needed} s"
                 )
             function.add_event_source(SqsEventSource(queue, batch_size=10, report_batch_item_failures=True))
+        if spec.destination:
+            function.add_permission(
+                "DestinationInvoke",
+                principal=iam.ServicePrincipal("lambda.amazonaws.com"),
+                source_account=Stack.of(self).account,
+            )
         self.functions[spec.name] = function
         self.log_groups[spec.name] = log_group

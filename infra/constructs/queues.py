@@ -16,7 +16,7 @@ from duetime.resources import DLQ_RETENTION_SECONDS, QUEUE_MAX_RECEIVE_COUNT, QU
 from duetime.settings import ALL_TIERS
 from infra.nag import acknowledge
 
-#: The dispatcher (the lambda tier's consumer, a later issue) will run with this timeout, seconds.
+#: The dispatcher (the lambda tier's consumer) runs with this timeout, seconds.
 DISPATCHER_TIMEOUT_SECONDS = 30
 #: AWS: an SQS event source's queue needs a visibility timeout >= 6x the function timeout.
 EVENT_SOURCE_VISIBILITY_FACTOR = 6

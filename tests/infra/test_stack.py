@@ -29,6 +29,7 @@ from duetime.resources import (  # noqa: E402
     JOBS_PK,
     QUEUE_MAX_RECEIVE_COUNT,
     QUEUE_VISIBILITY_SECONDS,
+    RUNNING_INDEX,
     RUNS_PK,
     RUNS_SK,
     RUNS_TTL_ATTRIBUTE,
@@ -39,6 +40,7 @@ from duetime.resources import (  # noqa: E402
     runs_table_definition,
 )
 from duetime.settings import ALL_TIERS, CONTAINER_TIERS, ENV_VARS, Settings, settings_from_env  # noqa: E402
+from duetime.timeouts import state_machine_definition  # noqa: E402
 from infra.constructs.functions import FUNCTIONS  # noqa: E402
 from infra.constructs.queues import DISPATCHER_TIMEOUT_SECONDS  # noqa: E402
 
@@ -46,7 +48,22 @@ from infra.constructs.queues import DISPATCHER_TIMEOUT_SECONDS  # noqa: E402
 pytestmark = [pytest.mark.infra, pytest.mark.xdist_group("cdk")]
 
 #: Identity-policy actions that AWS only accepts on Resource "*".
-STAR_RESOURCE_ACTIONS = {"xray:PutTraceSegments", "xray:PutTelemetryRecords", "ecr:GetAuthorizationToken"}
+STAR_RESOURCE_ACTIONS = {
+    "xray:PutTraceSegments",
+    "xray:PutTelemetryRecords",
+    "xray:GetSamplingRules",
+    "xray:GetSamplingTargets",
+    "ecr:GetAuthorizationToken",
+    # Step Functions' log delivery to CloudWatch Logs (the timeout handler's role)
+    "logs:CreateLogDelivery",
+    "logs:DeleteLogDelivery",
+    "logs:DescribeLogGroups",
+    "logs:DescribeResourcePolicies",
+    "logs:GetLogDelivery",
+    "logs:ListLogDeliveries",
+    "logs:PutResourcePolicy",
+    "logs:UpdateLogDelivery",
+}
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
@@ -389,6 +406,7 @@ def test_the_environment_carries_the_stages_non_default_settings(dev: Synthesize
     }
     if "idempotency_table" in Settings.model_fields:
         values["idempotency_table"] = f"<{logical_id(dev, s.idempotency)}>"
+    values["timeout_state_machine_arn"] = f"<{logical_id(dev, dev.stack.timeouts.state_machine)}>"
     expected = Settings.model_validate(values)
     for name, env in {**function_env(dev), **container_env(dev)}.items():
         assert settings_from_env({k: render(v) for k, v in env.items()}) == expected, name
@@ -455,6 +473,7 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
         "dynamodb:PutItem": {runs},
         "dynamodb:UpdateItem": {runs},
         "sqs:SendMessage": queues,
+        "states:StartExecution": {f"<{logical_id(dev, dev.stack.timeouts.state_machine)}>"},
         **xray,
     }
     assert grants("api") == {
@@ -473,6 +492,137 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
         "s3:ListBucket": {bucket},
         **xray,
     }
+    lambda_queue = f"<{logical_id(dev, dev.stack.queues.queue('lambda'))}>"
+    consume = ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility")
+    consume += ("sqs:GetQueueAttributes", "sqs:GetQueueUrl")
+    assert grants("dispatcher") == {
+        "dynamodb:GetItem": {runs},
+        "dynamodb:UpdateItem": {runs},
+        "dynamodb:Query": {f"{runs}/index/{ACTIVE_INDEX}", f"{runs}/index/{RUNNING_INDEX}"},
+        "sqs:SendMessage": {lambda_queue},
+        **{a: {lambda_queue} for a in consume},
+        "s3:PutObject": {f"{bucket}/logs/*"},
+        "lambda:InvokeFunction": {"arn:<AWS::Partition>:lambda:<AWS::Region>:<AWS::AccountId>:function:*"},
+        **xray,
+    }
+    assert grants("finish") == {
+        "dynamodb:GetItem": {runs, jobs},
+        "dynamodb:PutItem": {runs},
+        "dynamodb:UpdateItem": {runs},
+        "dynamodb:Query": {f"{runs}/index/{ACTIVE_INDEX}"},
+        "sqs:SendMessage": queues,
+        "s3:GetObject": {f"{bucket}/logs/*"},
+        "s3:PutObject": {f"{bucket}/logs/*"},
+        "s3:ListBucket": {bucket},
+        **xray,
+    }
+
+
+def test_the_dispatcher_invokes_only_functions_tagged_for_duetime(dev: Synthesized) -> None:
+    role = ref_id(
+        dev.resources[logical_id(dev, dev.stack.functions.functions["dispatcher"])]["Properties"]["Role"]
+    )
+    invokes = [
+        st
+        for res in dev.of_type("AWS::IAM::Policy").values()
+        if role in [ref_id(r) for r in res["Properties"]["Roles"]]
+        for st in statements(res["Properties"]["PolicyDocument"])
+        if "lambda:InvokeFunction" in as_list(st["Action"])
+    ]
+
+    assert [st["Condition"] for st in invokes] == [
+        {"StringEquals": {"aws:ResourceTag/duetime-target": "true"}}
+    ]
+
+
+def test_the_dispatcher_consumes_the_lambda_queue_reporting_batch_item_failures(dev: Synthesized) -> None:
+    dispatcher = logical_id(dev, dev.stack.functions.functions["dispatcher"])
+    mappings = [m["Properties"] for m in dev.of_type("AWS::Lambda::EventSourceMapping").values()]
+
+    (mapping,) = mappings
+    assert ref_id(mapping["FunctionName"]) == dispatcher
+    assert ref_id(mapping["EventSourceArn"]) == logical_id(dev, dev.stack.queues.queue("lambda"))
+    assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert mapping["BatchSize"] == 10
+    props = dev.resources[dispatcher]["Properties"]
+    assert props["Timeout"] == DISPATCHER_TIMEOUT_SECONDS
+
+
+def test_the_finish_function_is_a_destination_of_this_accounts_functions_and_an_output(
+    dev: Synthesized,
+) -> None:
+    finish = logical_id(dev, dev.stack.functions.functions["finish"])
+    permissions = [
+        p["Properties"]
+        for p in dev.of_type("AWS::Lambda::Permission").values()
+        if ref_id(p["Properties"]["FunctionName"]) == finish
+    ]
+
+    assert permissions == [
+        {
+            "Action": "lambda:InvokeFunction",
+            "FunctionName": {"Fn::GetAtt": [finish, "Arn"]},
+            "Principal": "lambda.amazonaws.com",
+            "SourceAccount": {"Ref": "AWS::AccountId"},
+        }
+    ]
+    assert ref_id(dev.template.to_json()["Outputs"]["FinishFunctionArn"]["Value"]) == finish
+
+
+# ---- timeout handler -----------------------------------------------------------------------------------
+def test_the_timeout_handler_is_the_cores_definition_logged_and_traced(dev: Synthesized) -> None:
+    (machine,) = dev.of_type("AWS::StepFunctions::StateMachine").values()
+    props = machine["Properties"]
+
+    definition = json.loads(render(props["DefinitionString"]))
+    assert definition == state_machine_definition()
+    assert {"FenceAttempt", "StopTask", "ApplyAction", "SendRetry", "PutTriggeredRun"} <= set(
+        definition["States"]
+    )
+    assert props["StateMachineType"] == "STANDARD"
+    assert props["TracingConfiguration"] == {"Enabled": True}
+    assert props["LoggingConfiguration"]["Level"] in ("ALL", "ERROR")
+    assert props["LoggingConfiguration"]["IncludeExecutionData"] is False
+    (destination,) = props["LoggingConfiguration"]["Destinations"]
+    log_group = ref_id(destination["CloudWatchLogsLogGroup"]["LogGroupArn"])
+    assert dev.resources[log_group]["Type"] == "AWS::Logs::LogGroup"
+    assert dev.resources[log_group]["Properties"]["RetentionInDays"] == dev.config.log_retention_days
+
+
+def test_the_timeout_handlers_role_holds_exactly_what_its_states_call(dev: Synthesized) -> None:
+    s = dev.stack.storage
+    runs = f"<{logical_id(dev, s.runs)}>"
+    queues = {f"<{logical_id(dev, dev.stack.queues.queue(t))}>" for t in ALL_TIERS}
+    cluster = logical_id(dev, dev.stack.executors.cluster)
+    role = logical_id(dev, dev.stack.timeouts.role)
+    (machine,) = dev.of_type("AWS::StepFunctions::StateMachine").values()
+    assert ref_id(machine["Properties"]["RoleArn"]) == role
+
+    grants = role_actions(dev, role)
+    star = {a for a, resources in grants.items() if resources == {"*"}}
+    assert star <= STAR_RESOURCE_ACTIONS
+    assert {a: r for a, r in grants.items() if a not in star} == {
+        "dynamodb:UpdateItem": {runs},
+        "dynamodb:PutItem": {runs},
+        "sqs:SendMessage": queues,
+        "ecs:StopTask": {f"arn:<AWS::Partition>:ecs:<AWS::Region>:<AWS::AccountId>:task/<{cluster}>/*"},
+    }
+    (stop,) = [
+        st
+        for res in dev.of_type("AWS::IAM::Policy").values()
+        if role in [ref_id(r) for r in res["Properties"]["Roles"]]
+        for st in statements(res["Properties"]["PolicyDocument"])
+        if "ecs:StopTask" in as_list(st["Action"])
+    ]
+    assert stop["Condition"] == {"ArnEquals": {"ecs:cluster": {"Fn::GetAtt": [cluster, "Arn"]}}}
+
+
+def test_the_sweeper_and_every_process_know_the_timeout_handler(dev: Synthesized) -> None:
+    machine = logical_id(dev, dev.stack.timeouts.state_machine)
+
+    for name, env in {**function_env(dev), **container_env(dev)}.items():
+        assert ref_id(env["DUETIME_TIMEOUT_STATE_MACHINE_ARN"]) == machine, name
+    assert ref_id(dev.template.to_json()["Outputs"]["TimeoutStateMachineArn"]["Value"]) == machine
 
 
 def test_each_worker_tier_may_pull_only_its_own_queue(dev: Synthesized) -> None:
@@ -492,7 +642,7 @@ def test_each_worker_tier_may_pull_only_its_own_queue(dev: Synthesized) -> None:
             "dynamodb:GetItem": {runs, jobs},
             "dynamodb:PutItem": {runs},
             "dynamodb:UpdateItem": {runs},
-            "dynamodb:Query": {f"{runs}/index/{ACTIVE_INDEX}"},
+            "dynamodb:Query": {f"{runs}/index/{ACTIVE_INDEX}", f"{runs}/index/{RUNNING_INDEX}"},
             "s3:PutObject": {f"{bucket}/logs/*"},
         }, tier
 

@@ -1,0 +1,177 @@
+"""The AWS calls one run costs, counted through botocore's hooks (duetime.callcount), asserted exactly.
+
+A change that adds a call or a write unit to a run's path fails here: update the figures on purpose, with the
+README's Performance section, or remove the extra call. Derived from the code (DESIGN.md sections 4 and 5):
+- submit: PutItem job (+ due and by_tenant GSI entries);
+- claim (API for a run-now job, tick for a scheduled one): PutItem run (+ watchdog GSI), UpdateItem job
+  (advance next_fire_at: the due GSI entry moves or leaves, by_tenant's projection changes), SendMessage;
+- worker: ReceiveMessage, UpdateItem run (start: watch_at moves in the watchdog GSI), PutObject log,
+  UpdateItem run (finish: leaves the watchdog GSI), DeleteMessage;
+- sweeper with nothing overdue: one empty watchdog Query per shard, nothing per run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duetime import aws, callcount, claims, jobs
+from duetime.api_models import CreateJobRequest
+from duetime.clock import FixedClock
+from duetime.deps import Deps
+from duetime.models import ContainerTask, RunState, ScheduleSpec
+from duetime.sweeper import sweep
+from duetime.worker import Worker
+
+
+class Counted:
+    """Reads the call records written since the last :meth:`take`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.seen = 0
+
+    def take(self) -> list[dict[str, Any]]:
+        callcount.flush()
+        lines = [
+            line
+            for path in sorted(self.directory.glob("calls-*.jsonl"))
+            for line in path.read_text().splitlines()
+        ]
+        new, self.seen = lines[self.seen :], len(lines)
+        return [json.loads(line) for line in new]
+
+
+@pytest.fixture
+def counted(deps: Deps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted]:
+    """Every client that ``duetime.aws.client`` creates from here on counts its calls into ``tmp_path``."""
+    monkeypatch.setenv(callcount.ENV_VAR, str(tmp_path))
+    aws.reset_clients()
+    callcount.reset()
+    yield Counted(tmp_path)
+    callcount.reset()
+    aws.reset_clients()
+
+
+def ops(records: list[dict[str, Any]]) -> Counter[str]:
+    """``{"dynamodb PutItem test-runs": 1, ...}``"""
+    return Counter(
+        f"{r['svc']} {r['op']} {r.get('table') or r.get('queue') or r.get('bucket') or ''}".strip()
+        for r in records
+    )
+
+
+def wru(records: list[dict[str, Any]]) -> int:
+    return sum(int(r.get("wru") or 0) for r in records)
+
+
+def rru(records: list[dict[str, Any]]) -> float:
+    return sum(float(r.get("rru") or 0) for r in records)
+
+
+def _submit(deps: Deps, **kw: Any) -> Any:
+    request = CreateJobRequest(name="bench", task=ContainerTask(command=["true"]), **kw)
+    return jobs.create_job(request, tenant="t1", deps=deps)
+
+
+WORKER_CALLS = {
+    "sqs ReceiveMessage test-small": 1,
+    "dynamodb UpdateItem test-runs": 2,
+    "s3 PutObject test-logs": 1,
+    "sqs DeleteMessage test-small": 1,
+}
+# start: 1 table write + watchdog key change (delete + put); finish: 1 table write + leaving the watchdog GSI
+WORKER_WRU = 3 + 2
+
+
+def test_a_run_now_job_costs_five_calls_to_submit_and_five_to_run(deps: Deps, counted: Counted) -> None:
+    # When a run-now job is submitted (the API claims it itself) and a worker runs it
+    job = _submit(deps)
+    submit = counted.take()
+    Worker(deps, "small").poll_once()
+    work = counted.take()
+
+    # Then the submit is: the tenant's submit-rate counter, the job, the run, the job's advance, the message
+    # (a run-now job never counts against the active-jobs quota: it completes at once)
+    assert ops(submit) == {
+        "dynamodb UpdateItem test-idempotency": 1,
+        "dynamodb PutItem test-jobs": 1,
+        "dynamodb PutItem test-runs": 1,
+        "dynamodb UpdateItem test-jobs": 1,
+        "sqs SendMessage test-small": 1,
+    }
+    # rate counter: 1; put job: table + due + by_tenant; put run: table + watchdog; advance (next_fire_at
+    # removed): table + leaving due + by_tenant's projection
+    assert [r["wru"] for r in submit if r["svc"] == "dynamodb"] == [1, 3, 2, 3]
+    assert rru(submit) == 0
+    # and the worker's run is five calls, no reads
+    assert ops(work) == WORKER_CALLS
+    assert wru(work) == WORKER_WRU and rru(work) == 0
+    [run] = deps.store.list_runs(job.job_id)
+    assert run.state is RunState.SUCCEEDED
+
+
+def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
+    deps: Deps, clock: FixedClock, counted: Counted
+) -> None:
+    # Given a rate(5 minutes) job, submitted (not claimed: its first fire is beyond the lookahead)
+    job = _submit(deps, job_id="sched", schedule=ScheduleSpec(expression="rate(5 minutes)"))
+    submit = counted.take()
+    # the tenant's submit-rate counter, its active-jobs counter, and the job
+    assert ops(submit) == {
+        "dynamodb UpdateItem test-idempotency": 1,
+        "dynamodb UpdateItem test-jobs": 1,
+        "dynamodb PutItem test-jobs": 1,
+    }
+    assert wru(submit) == 1 + 1 + 3
+
+    # When the clock reaches its first fire and both shards tick: the other shard has nothing due
+    clock.advance(300)
+    other = 1 - job.shard
+    claims.tick(other, deps)
+    fixed = counted.take()
+    result = claims.tick(job.shard, deps)
+    ticked = counted.take()
+    assert result.claimed == 1
+
+    # Then a tick with nothing due costs one empty Query (plus its shard lease), and the due job adds
+    # exactly: PutItem run, UpdateItem job (advance), SendMessage, and its bytes in the Query's page
+    fixed_ops = ops(fixed)
+    assert fixed_ops["dynamodb Query test-jobs"] == 1
+    assert [r["items"] for r in fixed if r["op"] == "Query"] == [0]
+    per_run = ops(ticked) - fixed_ops
+    assert per_run == {
+        "dynamodb PutItem test-runs": 1,
+        "dynamodb UpdateItem test-jobs": 1,
+        "sqs SendMessage test-small": 1,
+    }
+    assert [r["items"] for r in ticked if r["op"] == "Query"] == [1]
+    # put run: table + watchdog; advance (next_fire_at moves): table + due delete + due put + by_tenant
+    assert wru(ticked) - wru(fixed) == 2 + 4
+
+    # And the worker's run is the same five calls as a run-now job's
+    Worker(deps, "small").poll_once()
+    work = counted.take()
+    assert ops(work) == WORKER_CALLS and wru(work) == WORKER_WRU
+
+    # And a sweep with nothing overdue costs one empty watchdog Query per shard, nothing per run
+    for shard in range(deps.settings.shard_count):
+        sweep(shard, deps)
+    swept = counted.take()
+    assert ops(swept) == {"dynamodb Query test-runs": deps.settings.shard_count}
+    assert all(r["items"] == 0 for r in swept)
+
+
+def test_counting_is_off_without_the_environment_variable(
+    deps: Deps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(callcount.ENV_VAR, raising=False)
+    aws.reset_clients()
+    _submit(deps)
+    assert not hasattr(aws.client("dynamodb").meta, "duetime_callcount")
+    assert list(tmp_path.glob("calls-*.jsonl")) == []

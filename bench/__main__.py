@@ -1,0 +1,283 @@
+"""``python -m bench [PART ...] [--quick]``: Duetime's benchmarks. Measurements, never pass/fail.
+
+Parts (default: all, in this order):
+  cost      AWS calls per run on the local stack under a standard workload -> units, requests, USD/M runs
+  lag       top-of-the-minute bursts of N jobs on the local stack -> lag p50/p95/p99/max, runs/s, CPU/run
+            (each N is followed by the same burst on APScheduler 3, the baseline)
+  baseline  only the APScheduler 3 bursts
+  tick      claims/s of one shard's tick against moto's server
+  model     the scale projection for 100M runs/day, 12K starts/s (from the parts' results)
+
+Results: a compact table on stdout, ``bench/results/latest.json`` (the parts run now merged over the previous
+file) and ``bench/results/<UTC time>-<mode>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+PARTS = ("cost", "lag", "baseline", "tick", "model")
+FULL_SIZES = (100, 1000, 5000)
+QUICK_SIZES = (100, 300)
+FULL_TICK_M = (500, 2000)
+QUICK_TICK_M = (300,)
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        memory_gb = round(psutil.virtual_memory().total / 2**30, 1)
+        load = [round(x, 2) for x in psutil.getloadavg()]
+    except Exception:  # noqa: BLE001 - informative only
+        memory_gb, load = None, None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    from importlib.metadata import version
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gb": memory_gb,
+        "load_average_at_start": load,
+        "python": platform.python_version(),
+        "moto": version("moto"),
+        "os": platform.platform(),
+        "commit": commit,
+    }
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def table(rows: list[list[Any]], header: list[str]) -> str:
+    cells = [header] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = [
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        for row in cells
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def print_cost(cost: dict[str, Any]) -> None:
+    print(
+        f"\n== Cost per run (local stack, {cost['runs']} runs of {cost['jobs']} jobs, {cost['attempts']} attempts) =="
+    )
+    per = cost["per_run"]
+    rows = [[k, v] for k, v in per["calls"].items()]
+    print(table(rows, ["AWS calls per run", "count"]))
+    usd = cost["usd_per_million_runs_by_service"]
+    rows = [
+        ["DynamoDB WRU", cost["dynamodb_wru_per_run"], usd["dynamodb"]],
+        ["DynamoDB RRU", cost["dynamodb_rru_per_run"], ""],
+        ["SQS requests", cost["sqs_requests_per_run"], usd["sqs"]],
+        ["Lambda invocations (API)", cost["lambda_invocations_per_run"], usd["lambda"]],
+        ["Lambda GB-s", cost["lambda_gb_seconds_per_run"], ""],
+        ["API Gateway requests", cost["lambda_invocations_per_run"], usd["api_gateway"]],
+        ["S3 PUT / GET", f"{cost['s3_puts_per_run']} / {cost['s3_gets_per_run']}", usd["s3"]],
+        ["Step Functions transitions", 0, usd["step_functions"]],
+        ["total", "", cost["usd_per_million_runs"]],
+        [
+            "EventBridge Scheduler, for reference",
+            "1 invocation",
+            cost["eventbridge_scheduler_usd_per_million"],
+        ],
+    ]
+    print(table(rows, ["per run", "units", "USD per million runs"]))
+    fixed = cost["fixed"]
+    it = fixed["per_clock_iteration"]
+    print(
+        f"fixed, not per run: each clock iteration (one tick per shard + one sweep; once a minute in AWS) "
+        f"costs {it['dynamodb_rru']} RRU + {it['dynamodb_wru']} WRU ({', '.join(f'{k} x{v:g}' for k, v in it['calls'].items())})"
+        f" = ${fixed['usd_per_month_clock']}/month with its Lambda and Scheduler invocations; "
+        f"each idle worker polls {fixed['idle_polls_per_worker_minute']}x/min = ${fixed['usd_per_month_per_idle_worker']}/month"
+    )
+
+
+def print_lag(lag: dict[str, Any], baseline: dict[str, Any]) -> None:
+    print("\n== Burst lag: N runs due at the same second (started_at - due_at, seconds) ==")
+    rows = []
+    for n in sorted(set(lag) | set(baseline), key=int):
+        for name, source in (("duetime", lag), ("apscheduler3", baseline)):
+            r = source.get(n)
+            if r is None:
+                continue
+            cpu = r.get("cpu_duetime_s_per_run", r.get("cpu_s_per_run"))
+            moto = r.get("cpu_moto_s_per_run")
+            rows.append(
+                [
+                    int(n),
+                    name,
+                    r["p50_s"],
+                    r["p95_s"],
+                    r["p99_s"],
+                    r["max_s"],
+                    r["runs_per_s"],
+                    r["burst_finish_s"],
+                    None if cpu is None else round(cpu * 1000, 1),
+                    None if moto is None else round(moto * 1000, 1),
+                ]
+            )
+    print(
+        table(
+            rows,
+            ["N", "scheduler", "p50", "p95", "p99", "max", "runs/s", "finish s", "CPU ms/run", "moto ms/run"],
+        )
+    )
+
+
+def print_tick(tick: dict[str, Any]) -> None:
+    print("\n== One shard's tick against moto's server ==")
+    rows = [
+        [
+            r["m"],
+            r["claims_per_s"],
+            r["ms_per_claim"],
+            r["call_ms_per_claim"],
+            r["cpu_duetime_ms_per_claim"],
+            r["cpu_moto_ms_per_claim"],
+        ]
+        for r in tick["runs"]
+    ]
+    print(
+        table(rows, ["M due", "claims/s", "ms/claim", "AWS call ms/claim", "Duetime CPU ms", "moto CPU ms"])
+    )
+    print("calls per claim: " + ", ".join(f"{k} x{v:g}" for k, v in tick["calls_per_claim"].items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("parts", nargs="*", choices=[*PARTS, "all", []], default=[], metavar="PART")
+    parser.add_argument("--quick", action="store_true", help="the small workload (under 3 minutes)")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="worker processes per tier (and APScheduler threads)"
+    )
+    parser.add_argument("--sizes", type=str, default=None, help="burst sizes, e.g. 100,1000,5000")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+    parts = [p for p in PARTS if not args.parts or "all" in args.parts or p in args.parts]
+    mode = "quick" if args.quick else "full"
+    sizes = (
+        [int(s) for s in args.sizes.split(",")]
+        if args.sizes
+        else list(QUICK_SIZES if args.quick else FULL_SIZES)
+    )
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    latest_path = args.out / "latest.json"
+    results: dict[str, Any] = json.loads(latest_path.read_text()) if latest_path.is_file() else {}
+    started = time.monotonic()
+    now = datetime.now(UTC)
+    results["meta"] = {
+        "measured_at": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "mode": mode,
+        "parts": parts,
+        "machine": machine(),
+    }
+    print(
+        f"duetime bench ({mode}): {', '.join(parts)} on {results['meta']['machine']['cpu']}, "
+        f"{results['meta']['machine']['cores']} cores",
+        flush=True,
+    )
+
+    if "cost" in parts:
+        from bench import cost
+
+        print("cost: running the standard workload on a counting local stack...", flush=True)
+        raw = cost.run_workload(cost.QUICK if args.quick else cost.FULL)
+        results["cost"] = cost.price_it(raw)
+        print_cost(results["cost"])
+    if "lag" in parts or "baseline" in parts:
+        from bench import baseline, lag
+
+        results.setdefault("lag", {})
+        results.setdefault("baseline_apscheduler", {})
+        if "lag" in parts:
+            results["lag"] = {}
+        if "baseline" in parts or "lag" in parts:
+            results["baseline_apscheduler"] = {}
+        for n in sizes:
+            if "lag" in parts:
+                print(
+                    f"lag: burst of {n} on the local stack ({args.workers} workers per tier)...", flush=True
+                )
+                results["lag"][str(n)] = lag.burst(n, workers=args.workers)
+            print(f"baseline: burst of {n} on APScheduler 3 ({args.workers} threads)...", flush=True)
+            results["baseline_apscheduler"][str(n)] = baseline.burst(n, workers=args.workers)
+        results["ratio_duetime_over_apscheduler"] = {
+            n: {
+                key: round(results["lag"][n][key] / results["baseline_apscheduler"][n][key], 2)
+                for key in ("p50_s", "p99_s", "runs_per_s")
+                if results["baseline_apscheduler"][n].get(key)
+            }
+            for n in results.get("lag", {})
+            if n in results["baseline_apscheduler"]
+        }
+        print_lag(results.get("lag", {}), results["baseline_apscheduler"])
+    if "tick" in parts:
+        from bench import tickscale
+
+        runs = []
+        for m in QUICK_TICK_M if args.quick else FULL_TICK_M:
+            print(f"tick: one tick claiming {m} due jobs of one shard...", flush=True)
+            runs.append(tickscale.measure(m))
+        best = runs[-1]
+        results["tick"] = {
+            "runs": runs,
+            "claims_per_s": best["claims_per_s"],
+            "calls_per_claim": best["calls_per_claim"],
+        }
+        print_tick(results["tick"])
+    if "model" in parts:
+        from bench import model
+
+        if "cost" not in results:
+            print("model: no cost results yet; run `python -m bench cost` first", file=sys.stderr)
+        else:
+            results["model"] = model.project(results)
+            print("\n" + model.render(results["model"]))
+
+    results["meta"]["duration_s"] = round(time.monotonic() - started, 1)
+    text = json.dumps(results, indent=2, sort_keys=False, default=str) + "\n"
+    latest_path.write_text(text)
+    (args.out / f"{now:%Y%m%dT%H%M%SZ}-{mode}.json").write_text(text)
+    print(f"\nwrote {latest_path} ({results['meta']['duration_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

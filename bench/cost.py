@@ -1,0 +1,283 @@
+"""Cost per run: count every AWS call the local stack makes while a standard workload runs.
+
+The stack runs with ``DUETIME_CALL_COUNT_DIR`` set, so every process (``duetime local`` with the API and the
+clock loop, and every worker) appends its calls to a per-pid file (:mod:`duetime.callcount`). The bench first
+records an idle window (nothing submitted) to measure the fixed cost of a clock-loop iteration, then submits
+the workload over HTTP, as a user would, and waits until every run is terminal:
+
+- one-off jobs that run now, with logs of a few KB;
+- one-off ``at(...)`` jobs due a few seconds later (claimed by the tick, not the API);
+- repeating ``rate(...)`` jobs that fire K times each (``end_at`` stops them);
+- jobs that fail their first attempt and succeed on the retry;
+- one long job (60 s; 20 s in quick mode) that heartbeats every 10 s.
+
+From the per-run calls it prices each service at :mod:`bench.prices`. Lambda invocations per run are the API
+invocations (one per submit); the tick's and sweeper's invocations are fixed per minute and reported apart,
+with their DynamoDB reads and the idle workers' empty polls.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bench import calls as callsmod
+from bench import stack as stackmod
+from bench.lag import scan_all
+from bench.prices import LAMBDA_MEMORY_MB, price
+
+TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED"}
+
+
+@dataclass(frozen=True)
+class Workload:
+    run_now: int = 10
+    at_jobs: int = 5
+    at_delay_s: int = 15
+    failing_once: int = 5
+    repeating: int = 4
+    repeat_every_s: int = 10
+    repeat_fires: int = 5
+    long_jobs: int = 1
+    long_seconds: int = 60
+    log_bytes: int = 3000
+    workers: int = 2
+    shards: int = 4
+    idle_seconds: float = 8.0
+
+    @property
+    def expected_runs(self) -> int:
+        return (
+            self.run_now
+            + self.at_jobs
+            + self.failing_once
+            + self.repeating * self.repeat_fires
+            + self.long_jobs
+        )
+
+    @property
+    def jobs(self) -> int:
+        return self.run_now + self.at_jobs + self.failing_once + self.repeating + self.long_jobs
+
+
+FULL = Workload()
+QUICK = Workload(
+    run_now=5, at_jobs=3, failing_once=3, repeating=2, repeat_every_s=5, repeat_fires=4, long_seconds=20
+)
+
+
+def _log_command(n_bytes: int, then: str = "") -> list[str]:
+    return ["sh", "-c", f'yes "duetime bench log line $DUETIME_RUN_ID" | head -c {n_bytes}{then}']
+
+
+def job_bodies(w: Workload, now: datetime) -> list[dict[str, Any]]:
+    """The ``POST /jobs`` bodies of the workload, submitted at ``now``."""
+    bodies: list[dict[str, Any]] = []
+    task = {"kind": "container", "command": _log_command(w.log_bytes)}
+    for i in range(w.run_now):
+        bodies.append({"name": f"now-{i}", "task": task})
+    at = (now + timedelta(seconds=w.at_delay_s)).strftime("%Y-%m-%dT%H:%M:%S")
+    for i in range(w.at_jobs):
+        bodies.append({"name": f"at-{i}", "schedule": {"expression": f"at({at})"}, "task": task})
+    fail_once = _log_command(w.log_bytes, '; test "$DUETIME_ATTEMPT" -ge 2')
+    for i in range(w.failing_once):
+        bodies.append(
+            {
+                "name": f"fails-once-{i}",
+                "task": {"kind": "container", "command": fail_once},
+                "retry": {"max_attempts": 3, "backoff_seconds": 1, "jitter": "none"},
+            }
+        )
+    end = now + timedelta(seconds=w.repeat_every_s * w.repeat_fires + w.repeat_every_s / 2)
+    for i in range(w.repeating):
+        bodies.append(
+            {
+                "name": f"every-{w.repeat_every_s}s-{i}",
+                "schedule": {
+                    "expression": f"rate({w.repeat_every_s} seconds)",
+                    "end_at": end.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z",
+                },
+                "task": task,
+            }
+        )
+    for i in range(w.long_jobs):
+        bodies.append(
+            {
+                "name": f"long-{i}",
+                "task": {
+                    "kind": "container",
+                    "command": _log_command(w.log_bytes, f"; sleep {w.long_seconds}"),
+                },
+            }
+        )
+    return bodies
+
+
+def post(api: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], float]:
+    """POST /jobs; returns (status, body, seconds)."""
+    request = urllib.request.Request(
+        f"{api}/jobs",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=30) as response:
+        data = json.loads(response.read())
+        return response.status, data, time.perf_counter() - t0
+
+
+def run_workload(w: Workload, *, timeout: float = 300.0) -> dict[str, Any]:
+    """Run ``w`` on a counting local stack; returns the raw split and the workload's facts."""
+    with tempfile.TemporaryDirectory(prefix="duetime-bench-calls-") as tmp:
+        count_dir = Path(tmp)
+        with stackmod.running(
+            tick_seconds=1.0, workers=w.workers, shards=w.shards, count_dir=count_dir
+        ) as stack:
+            t_idle = time.time()
+            time.sleep(w.idle_seconds)
+            t_submit = time.time()
+            job_ids, api_seconds = [], []
+            for index in range(w.jobs):
+                body = job_bodies(w, datetime.now(UTC))[index]  # times relative to this submit
+                status, job, seconds = post(stack.api, body)
+                if status != 201:
+                    raise RuntimeError(f"submit failed: {status} {job}")
+                job_ids.append(job["job_id"])
+                api_seconds.append(seconds)
+            ddb = stack.client("dynamodb")
+            tables = stack.state["tables"]
+            deadline = time.monotonic() + timeout
+            runs: list[dict[str, Any]] = []
+            mine = set(job_ids)
+            while time.monotonic() < deadline:
+                time.sleep(2.0)
+                states = {
+                    j["job_id"]: j.get("state") for j in scan_all(ddb, tables["jobs"], ("job_id", "state"))
+                }
+                runs = [r for r in scan_all(ddb, tables["runs"]) if r["job_id"] in mine]
+                if all(states.get(j) == "COMPLETED" for j in mine) and all(
+                    r.get("state") in TERMINAL for r in runs
+                ):
+                    break
+            else:
+                raise RuntimeError(f"the workload did not finish in {timeout:.0f} s")
+            t_end = time.time()
+            time.sleep(0.5)  # let the last calls land in the files
+        records = callsmod.load(count_dir)
+    idle = [r for r in records if t_idle <= r["t"] < t_submit]
+    window = [r for r in records if t_submit <= r["t"] <= t_end]
+    split = callsmod.split(idle, window, shards=w.shards)
+    attempts = sum(len(r.get("attempts") or []) or 1 for r in runs)
+    return {
+        "workload": asdict(w),
+        "jobs": len(job_ids),
+        "runs": len(runs),
+        "attempts": attempts,
+        "states": {
+            s: sum(r.get("state") == s for r in runs) for s in sorted({str(r.get("state")) for r in runs})
+        },
+        "window_s": round(t_end - t_submit, 1),
+        "idle_s": round(t_submit - t_idle, 1),
+        "api_seconds_mean": sum(api_seconds) / max(1, len(api_seconds)),
+        "split": split,
+        "workers_total": 3 * w.workers,
+    }
+
+
+def price_it(raw: dict[str, Any]) -> dict[str, Any]:
+    """Per-run figures, fixed per-minute figures and USD per million runs from a :func:`run_workload` result."""
+    split: callsmod.Split = raw["split"]
+    runs = max(1, raw["runs"])
+    per_run = split.variable.scaled(1 / runs)
+    w = raw["workload"]
+    gb = LAMBDA_MEMORY_MB / 1024
+    # Lambda: one API invocation per submit; the claim work a tick does per run is its per-run call time
+    api_invocations = raw["jobs"] / runs
+    clock_ms_per_run = _clock_ms_per_run(split, runs)
+    lambda_gb_s = gb * (api_invocations * raw["api_seconds_mean"] + clock_ms_per_run / 1000)
+    usd = {
+        "dynamodb": per_run.wru * price("dynamodb_wru") + per_run.rru * price("dynamodb_rru"),
+        "sqs": per_run.sqs_requests * price("sqs_request"),
+        "lambda": api_invocations * price("lambda_request") + lambda_gb_s * price("lambda_gb_second_arm64"),
+        "api_gateway": api_invocations * price("apigw_http_request"),
+        "s3": per_run.s3_puts * price("s3_put") + per_run.s3_gets * price("s3_get"),
+        "step_functions": 0.0 * price("sfn_transition"),
+    }
+    usd_per_million = {k: round(v * 1e6, 2) for k, v in usd.items()}
+    total = round(sum(usd.values()) * 1e6, 2)
+
+    # fixed, measured in the idle window: per tick (one per shard per minute in AWS), per sweep (one per
+    # minute), per idle worker (its empty long polls)
+    tick, sweep = split.per_tick, split.per_sweep
+    shards = w["shards"]
+    polls_per_worker_minute = _idle_polls_per_worker_minute(raw)
+
+    def monthly(per_invocation: callsmod.Tally, invocations_per_minute: float) -> float:
+        t = per_invocation
+        per_minute = invocations_per_minute * (
+            t.wru * price("dynamodb_wru")
+            + t.rru * price("dynamodb_rru")
+            + price("lambda_request")
+            + price("eventbridge_scheduler_invocation")
+            + gb * t.ms / 1000 * price("lambda_gb_second_arm64")
+        )
+        return per_minute * 60 * 24 * 30
+
+    return {
+        "runs": raw["runs"],
+        "attempts": raw["attempts"],
+        "jobs": raw["jobs"],
+        "states": raw["states"],
+        "workload": w,
+        "window_s": raw["window_s"],
+        "per_run": per_run.as_dict(),
+        "dynamodb_wru_per_run": round(per_run.wru, 3),
+        "dynamodb_rru_per_run": round(per_run.rru, 3),
+        "sqs_requests_per_run": round(per_run.sqs_requests, 3),
+        "s3_puts_per_run": round(per_run.s3_puts, 3),
+        "s3_gets_per_run": round(per_run.s3_gets, 3),
+        "lambda_invocations_per_run": round(api_invocations, 3),
+        "lambda_gb_seconds_per_run": round(lambda_gb_s, 5),
+        "sfn_transitions_per_run": 0,
+        "usd_per_million_runs": total,
+        "usd_per_million_runs_by_service": usd_per_million,
+        "eventbridge_scheduler_usd_per_million": round(price("eventbridge_scheduler_invocation") * 1e6, 2),
+        "fixed": {
+            "note": (
+                "not per run: every tick (one per shard per minute in AWS) queries its shard's due index and "
+                "takes and releases its shard lease; every sweep (one per minute) queries each shard's "
+                "watchdog index; idle workers long-poll their queue"
+            ),
+            "per_tick": tick.as_dict(),
+            "per_sweep": sweep.as_dict(),
+            "usd_per_month_ticks": round(monthly(tick, shards), 2),
+            "usd_per_month_sweeper": round(monthly(sweep, 1), 2),
+            "idle_polls_per_worker_minute": round(polls_per_worker_minute, 1),
+            "usd_per_month_per_idle_worker": round(
+                polls_per_worker_minute * 60 * 24 * 30 * price("sqs_request"), 3
+            ),
+            "ticks_in_window": split.ticks,
+            "sweeps_in_window": split.sweeps,
+            "fixed_in_window": split.fixed.as_dict(),
+        },
+        "count_errors": split.errors[:5],
+    }
+
+
+def _clock_ms_per_run(split: callsmod.Split, runs: int) -> float:
+    """AWS call time the clock thread spent per run beyond its idle profile (the ticks' claim work), ms."""
+    return split.variable_clock_ms / runs
+
+
+def _idle_polls_per_worker_minute(raw: dict[str, Any]) -> float:
+    """Empty long polls per idle worker per minute, from the idle window (every worker idle)."""
+    split: callsmod.Split = raw["split"]
+    seconds = raw["idle_s"] * raw["workers_total"]
+    return split.idle_window_polls / seconds * 60 if seconds else 0.0

@@ -1,0 +1,146 @@
+"""Lag and throughput of a top-of-the-minute burst on the real local stack.
+
+N one-off jobs, ``at(T)`` with the same whole second T and the trivial command ``true``, are built by the real
+submit code (:func:`duetime.jobs.create_job`) and written to the jobs table ahead of time in batches, before T
+enters the tick's lookahead, so the stack's own clock loop (tick every second) claims them and its workers run
+them. Measured from the runs' records: lag = ``started_at - due_at`` (p50/p95/p99/max), start throughput
+= N / (last start - T), and the time until the last run finished. CPU seconds of Duetime's processes
+(``duetime local`` + workers) and of moto's server are sampled from the start of the claims to the end.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from bench import stack as stackmod
+from bench.stats import summarize
+
+#: seconds between the end of the writes and T, beyond the tick's lookahead (1 s period + 2 s margin)
+LEAD_SECONDS = 6.0
+
+
+@dataclass
+class _CaptureStore:
+    """A store that only remembers the job ``create_job`` would insert (so the bench can batch-write it)."""
+
+    job: Any = None
+
+    def put_new_job(self, job: Any) -> None:
+        self.job = job
+
+
+def build_jobs(n: int, due: datetime, settings: Any, *, command: list[str], prefix: str) -> list[Any]:
+    """``n`` jobs exactly as ``POST /jobs`` would store them: ``at(due)``, ``command``, default policies."""
+    from duetime.api_models import CreateJobRequest
+    from duetime.clock import SystemClock
+    from duetime.deps import Deps
+    from duetime.jobs import create_job
+    from duetime.models import ContainerTask, ScheduleSpec
+
+    capture = _CaptureStore()
+    # a lookahead of ~0 so create_job never claims: the jobs are stored as submitted, for a tick to claim
+    settings = settings.model_copy(update={"tick_period_seconds": 0.001, "tick_margin_seconds": 0.0})
+    deps = Deps(settings=settings, store=capture, queues=None, logs=None, clock=SystemClock())  # type: ignore[arg-type]
+    spec = ScheduleSpec(expression=f"at({due:%Y-%m-%dT%H:%M:%S})", timezone="UTC")
+    built = []
+    for i in range(n):
+        request = CreateJobRequest(
+            job_id=f"{prefix}-{i:05d}", name=f"burst {i}", schedule=spec, task=ContainerTask(command=command)
+        )
+        create_job(request, tenant="bench", deps=deps)
+        built.append(capture.job)
+    return built
+
+
+def batch_write(ddb: Any, table: str, items: list[dict[str, Any]]) -> None:
+    """BatchWriteItem in groups of 25, retrying unprocessed items."""
+    for start in range(0, len(items), 25):
+        pending = {table: [{"PutRequest": {"Item": i}} for i in items[start : start + 25]]}
+        while pending:
+            out = ddb.batch_write_item(RequestItems=pending)
+            pending = out.get("UnprocessedItems") or {}
+
+
+def scan_all(ddb: Any, table: str, attributes: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Every item of ``table`` (only ``attributes`` if given), deserialised."""
+    from duetime.store import deserialize
+
+    items: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"TableName": table}
+    if attributes:
+        kwargs["ProjectionExpression"] = ", ".join(f"#a{i}" for i in range(len(attributes)))
+        kwargs["ExpressionAttributeNames"] = {f"#a{i}": a for i, a in enumerate(attributes)}
+    while True:
+        out = ddb.scan(**kwargs)
+        items += [deserialize(i) for i in out.get("Items", [])]
+        if "LastEvaluatedKey" not in out:
+            return items
+        kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
+
+
+def _ts(value: Any) -> float:
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+def burst(n: int, *, workers: int = 2, timeout: float = 600.0) -> dict[str, Any]:
+    """Run one burst of ``n`` jobs on a fresh local stack; returns its figures (seconds)."""
+    from duetime.settings import settings_from_env
+    from duetime.store import job_to_item, serialize
+
+    with stackmod.running(tick_seconds=1.0, workers=workers) as stack:
+        settings = settings_from_env(stack.state["env"])
+        ddb = stack.client("dynamodb")
+        # time one batch of far-future jobs, then pick T beyond the whole write and the lookahead
+        far = datetime.fromtimestamp(math.ceil(time.time() + 86400), UTC)
+        probe = build_jobs(100, far, settings, command=["true"], prefix=f"probe{n}")
+        t_probe = time.monotonic()
+        batch_write(ddb, settings.jobs_table, [serialize(job_to_item(j)) for j in probe])
+        per_item = (time.monotonic() - t_probe) / 100
+        write_estimate = 1.4 * n * per_item + 2.0  # moto slows a little as the table grows
+        due = datetime.fromtimestamp(
+            math.ceil(time.time() + write_estimate + LEAD_SECONDS + settings.tick_lookahead_seconds), UTC
+        )
+        jobs = build_jobs(n, due, settings, command=["true"], prefix=f"burst{n}")
+        t_write = time.monotonic()
+        batch_write(ddb, settings.jobs_table, [serialize(job_to_item(j)) for j in jobs])
+        write_seconds = time.monotonic() - t_write
+        lead = due.timestamp() - time.time()
+        if lead < settings.tick_lookahead_seconds:
+            raise RuntimeError(f"writing {n} jobs took {write_seconds:.1f} s: T is already in the lookahead")
+        # CPU from just before the first tick can see the burst, to the end
+        time.sleep(max(0.0, lead - settings.tick_lookahead_seconds - 1.5))
+        cpu0, wall0 = stack.cpu(), time.monotonic()
+        done = stack.wait_finished(n, timeout=timeout)
+        cpu1, wall1 = stack.cpu(), time.monotonic()
+        fields = ("job_id", "due_at", "started_at", "finished_at", "state")
+        runs = [
+            r for r in scan_all(ddb, settings.runs_table, fields) if str(r["job_id"]).startswith(f"burst{n}-")
+        ]
+
+    started = [r for r in runs if r.get("started_at")]
+    lags = sorted(_ts(r["started_at"]) - _ts(r["due_at"]) for r in started)
+    t_due = due.timestamp()
+    last_start = max((_ts(r["started_at"]) for r in started), default=t_due)
+    last_finish = max((_ts(r["finished_at"]) for r in runs if r.get("finished_at")), default=t_due)
+    result: dict[str, Any] = {
+        "n": n,
+        "workers": workers,
+        "completed": done,
+        "runs_found": len(runs),
+        "runs_started": len(started),
+        "succeeded": sum(r.get("state") == "SUCCEEDED" for r in runs),
+        **summarize(lags),
+        "runs_per_s": round(len(started) / max(last_start - t_due, 1e-3), 1),
+        "burst_finish_s": round(last_finish - t_due, 3),
+        "write_s": round(write_seconds, 2),
+        "window_s": round(wall1 - wall0, 2),
+        "cpu_duetime_s": round(cpu1.duetime - cpu0.duetime, 3),
+        "cpu_moto_s": round(cpu1.moto - cpu0.moto, 3),
+    }
+    result["cpu_duetime_s_per_run"] = round(result["cpu_duetime_s"] / max(1, len(started)), 5)
+    result["cpu_moto_s_per_run"] = round(result["cpu_moto_s"] / max(1, len(started)), 5)
+    return result

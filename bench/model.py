@@ -1,0 +1,199 @@
+"""Scale model: what 100M runs/day with 12K starts/s peaks needs, from the measured calls per run.
+
+``python -m bench model`` reads ``bench/results/latest.json`` (the cost, tick and lag parts) and projects
+shards, Lambda concurrency, queue consumers and DynamoDB partitions. Every input is either measured by the
+bench or one of AWS's published limits below; the few assumptions (AWS call latencies) are named as such.
+
+AWS limits used (all per region, default quotas; most are adjustable):
+
+- DynamoDB: each partition serves at most 1,000 write units/s and 3,000 read units/s, whatever the table's
+  capacity mode, and a GSI's partitions are split by the GSI's own partition key. Source: DynamoDB Developer
+  Guide, "Understanding DynamoDB warm throughput" / "Partitions and data distribution"
+  (https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/warm-throughput-scenarios.html).
+- DynamoDB on-demand: 40,000 read and 40,000 write request units/s per table by default (adjustable). Source:
+  "Quotas in Amazon DynamoDB" (https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/ServiceQuotas.html).
+- Lambda: 1,000 concurrent executions per account by default (adjustable to tens of thousands); each function
+  scales by at most 1,000 execution environments every 10 seconds. Source: "Lambda scaling behavior"
+  (https://docs.aws.amazon.com/lambda/latest/dg/scaling-behavior.html) and "Lambda quotas"
+  (https://docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html).
+- SQS standard queues: nearly unlimited API calls per second; about 120,000 in-flight messages per queue.
+  Source: "Amazon SQS quotas" (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html).
+- EventBridge Scheduler (the tick's trigger): 1,000 invocations/s by default; one schedule per shard needs
+  shards/60 per second. Source: "Quotas for EventBridge Scheduler"
+  (https://docs.aws.amazon.com/scheduler/latest/UserGuide/scheduler-quotas.html).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+PARTITION_WCU = 1000
+PARTITION_RCU = 3000
+TABLE_ONDEMAND_DEFAULT_UNITS = 40_000
+LAMBDA_ACCOUNT_CONCURRENCY = 1000
+LAMBDA_SCALE_PER_10S = 1000
+SQS_INFLIGHT_PER_QUEUE = 120_000
+
+RUNS_PER_DAY = 100_000_000
+PEAK_STARTS_PER_S = 12_000
+#: assumption, not measured here: in-region latency of one DynamoDB write / one SQS send from Lambda, ms
+AWS_DYNAMODB_WRITE_MS = 6.0
+AWS_SQS_SEND_MS = 10.0
+#: task durations shown for the worker count (seconds of the user's own work per run)
+TASK_SECONDS = (0.0, 1.0, 10.0)
+
+
+def project(results: dict[str, Any]) -> dict[str, Any]:
+    """The projection from ``latest.json``-shaped ``results`` (needs ``cost``; uses ``tick`` and ``lag``)."""
+    cost = results["cost"]
+    per_run = cost["per_run"]
+    gsi = per_run.get("gsi_wru", {})
+    table_wru = per_run.get("table_wru", {})
+    avg_runs_per_s = RUNS_PER_DAY / 86400
+    peak = PEAK_STARTS_PER_S
+
+    # --- DynamoDB throughput and partitions ---------------------------------------------------------
+    wru, rru = cost["dynamodb_wru_per_run"], cost["dynamodb_rru_per_run"]
+    peak_wru_s, peak_rru_s = peak * wru, peak * rru
+    by_table = {t: round(peak * u) for t, u in sorted(table_wru.items())}
+    partitions_for_throughput = max(
+        math.ceil(peak_wru_s / PARTITION_WCU), math.ceil(peak_rru_s / PARTITION_RCU)
+    )
+    # GSIs whose partition key has few values: every write of a shard's runs lands on one partition
+    hot = {}
+    for index, units in sorted(gsi.items()):
+        max_per_key = PARTITION_WCU / units if units else math.inf
+        hot[index] = {
+            "wru_per_run": round(units, 3),
+            "max_runs_per_s_per_key": round(max_per_key, 1),
+            "keys_needed_at_peak": math.ceil(peak / max_per_key) if units else 0,
+        }
+    shards_for_gsi = max(
+        (h["keys_needed_at_peak"] for i, h in hot.items() if i in ("due", "watchdog")), default=0
+    )
+
+    # --- ticks: claims per second per shard ------------------------------------------------------------
+    tick = results.get("tick", {})
+    local_claims_per_s = tick.get("claims_per_s")
+    claim_calls = tick.get("calls_per_claim", {})
+    ddb_writes_per_claim = sum(
+        v for k, v in claim_calls.items() if k.startswith("dynamodb") and "Query" not in k
+    )
+    sqs_per_claim = sum(v for k, v in claim_calls.items() if k.startswith("sqs"))
+    aws_ms_per_claim = ddb_writes_per_claim * AWS_DYNAMODB_WRITE_MS + sqs_per_claim * AWS_SQS_SEND_MS
+    aws_claims_per_s = 1000 / aws_ms_per_claim if aws_ms_per_claim else None
+    shards_for_ticks_aws = math.ceil(peak / aws_claims_per_s) if aws_claims_per_s else None
+    shards_for_ticks_local = math.ceil(peak / local_claims_per_s) if local_claims_per_s else None
+    shards = max(shards_for_gsi, shards_for_ticks_aws or 0)
+
+    # --- workers (queue consumers): Little's law -------------------------------------------------------
+    worker_calls = ("ReceiveMessage", "DeleteMessage", "PutObject", "UpdateItem runs")
+    calls = per_run["calls"]
+    worker_call_count = sum(v for k, v in calls.items() if any(w in k for w in worker_calls))
+    worker_overhead_s = worker_call_count * AWS_DYNAMODB_WRITE_MS / 1000 * 1.5  # SQS/S3 a bit slower
+    lag = results.get("lag", {})
+    local_service_s = None
+    if lag:
+        biggest = lag[max(lag, key=int)]
+        if biggest.get("runs_per_s"):
+            local_service_s = biggest.get("workers", 2) / biggest["runs_per_s"]
+    workers = {
+        f"task_{d:g}s": {
+            "concurrent_runs": math.ceil(peak * (worker_overhead_s + d)),
+            "queues_needed_for_inflight_limit": math.ceil(
+                peak * (worker_overhead_s + d) / SQS_INFLIGHT_PER_QUEUE
+            ),
+        }
+        for d in TASK_SECONDS
+    }
+
+    # --- Lambda --------------------------------------------------------------------------------------
+    tick_concurrency = shards  # one tick per shard, each up to a minute long
+    api_per_s = avg_runs_per_s * cost.get("lambda_invocations_per_run", 0)
+    lambda_concurrency = tick_concurrency + 1 + math.ceil(api_per_s * 0.05)
+
+    usd_day = cost["usd_per_million_runs"] * RUNS_PER_DAY / 1e6
+    return {
+        "targets": {
+            "runs_per_day": RUNS_PER_DAY,
+            "average_runs_per_s": round(avg_runs_per_s),
+            "peak_starts_per_s": peak,
+        },
+        "dynamodb": {
+            "peak_wru_per_s": round(peak_wru_s),
+            "peak_rru_per_s": round(peak_rru_s),
+            "peak_wru_per_s_by_table": by_table,
+            "partitions_for_peak_throughput": partitions_for_throughput,
+            "over_default_table_quota": {t: u > TABLE_ONDEMAND_DEFAULT_UNITS for t, u in by_table.items()},
+            "gsi_hot_keys": hot,
+        },
+        "ticks": {
+            "local_claims_per_s_per_shard": local_claims_per_s,
+            "assumed_aws_ms_per_claim": round(aws_ms_per_claim, 1),
+            "assumed_aws_claims_per_s_per_shard": round(aws_claims_per_s, 1) if aws_claims_per_s else None,
+            "shards_for_peak_claims_aws": shards_for_ticks_aws,
+            "shards_for_peak_claims_at_local_speed": shards_for_ticks_local,
+            "shards_for_gsi_partitions": shards_for_gsi,
+            "shards": shards,
+        },
+        "workers": {
+            "assumed_aws_overhead_s_per_run": round(worker_overhead_s, 3),
+            "local_service_s_per_run": round(local_service_s, 3) if local_service_s else None,
+            **workers,
+        },
+        "lambda": {
+            "concurrency": lambda_concurrency,
+            "within_default_account_limit": lambda_concurrency <= LAMBDA_ACCOUNT_CONCURRENCY,
+            "eventbridge_scheduler_invocations_per_s": round((shards + 1) / 60, 2),
+        },
+        "usd_per_day": round(usd_day),
+        "usd_per_month": round(usd_day * 30),
+    }
+
+
+def load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def render(p: dict[str, Any]) -> str:
+    """A short text report of :func:`project`."""
+    d, t, w, lam = p["dynamodb"], p["ticks"], p["workers"], p["lambda"]
+    lines = [
+        f"Scale model: {p['targets']['runs_per_day']:,} runs/day (avg {p['targets']['average_runs_per_s']:,}/s), "
+        f"peak {p['targets']['peak_starts_per_s']:,} starts/s",
+        f"  DynamoDB at peak: {d['peak_wru_per_s']:,} WRU/s, {d['peak_rru_per_s']:,} RRU/s -> at least "
+        f"{d['partitions_for_peak_throughput']} partitions (1,000 WCU / 3,000 RCU each)",
+    ]
+    for table, units in d["peak_wru_per_s_by_table"].items():
+        flag = (
+            "  (over the 40,000/s default table quota: raise it)"
+            if d["over_default_table_quota"][table]
+            else ""
+        )
+        lines.append(f"    {table}: {units:,} WRU/s{flag}")
+    for index, h in d["gsi_hot_keys"].items():
+        lines.append(
+            f"    GSI {index}: {h['wru_per_run']} WRU/run on one key -> <= {h['max_runs_per_s_per_key']:,}/s per key "
+            f"value; {h['keys_needed_at_peak']} key values needed at peak"
+        )
+    lines += [
+        f"  Ticks: {t['local_claims_per_s_per_shard']} claims/s per shard measured on moto; "
+        f"~{t['assumed_aws_claims_per_s_per_shard']}/s assumed on AWS ({t['assumed_aws_ms_per_claim']} ms/claim)",
+        f"    shards needed: {t['shards']} (claims: {t['shards_for_peak_claims_aws']} on AWS, "
+        f"{t['shards_for_peak_claims_at_local_speed']} at local speed; GSI partitions: {t['shards_for_gsi_partitions']})",
+        f"  Workers (concurrent runs at peak, assumed {w['assumed_aws_overhead_s_per_run']} s overhead/run): "
+        + ", ".join(
+            f"{k.removeprefix('task_')} task -> {v['concurrent_runs']:,}"
+            for k, v in w.items()
+            if k.startswith("task_")
+        ),
+        f"  Lambda concurrency: ~{lam['concurrency']} (default account limit 1,000: "
+        f"{'ok' if lam['within_default_account_limit'] else 'raise it'}); "
+        f"EventBridge Scheduler {lam['eventbridge_scheduler_invocations_per_s']}/s",
+        f"  Cost: ~${p['usd_per_day']:,}/day, ~${p['usd_per_month']:,}/month (AWS services, excluding Fargate workers)",
+    ]
+    return "\n".join(lines)

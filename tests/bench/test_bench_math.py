@@ -1,0 +1,149 @@
+"""The bench's arithmetic: DynamoDB item sizes and units, percentiles, the fixed/per-run split, the model."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from bench import calls, model
+from bench.stats import percentile, summarize
+from duetime.callcount import TableSchema, item_size, read_units, sqs_requests, value_size, write_units
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [
+        ({"S": "abc"}, 3),
+        ({"S": "é"}, 2),  # UTF-8 bytes
+        ({"N": "123"}, 3),  # 3 significant digits -> 2 bytes + 1
+        ({"N": "-0.0100"}, 2),  # leading and trailing zeros trimmed: one digit
+        ({"N": "1700000000"}, 2),  # trailing zeros trimmed
+        ({"BOOL": True}, 1),
+        ({"NULL": True}, 1),
+        ({"B": b"\x00\x01"}, 2),
+        ({"L": [{"S": "ab"}, {"N": "1"}]}, 3 + (1 + 2) + (1 + 2)),
+        ({"M": {"k": {"S": "v"}}}, 3 + 1 + 1 + 1),
+        ({"SS": ["a", "bc"]}, 3),
+    ],
+)
+def test_value_sizes_follow_dynamodbs_rules(value: dict[str, Any], size: int) -> None:
+    assert value_size(value) == size
+
+
+def test_an_items_size_counts_names_and_values() -> None:
+    assert item_size({"job_id": {"S": "j1"}, "n": {"N": "7"}}) == 6 + 2 + 1 + 2
+    assert item_size(None) == 0
+
+
+def test_units_round_up_with_a_minimum() -> None:
+    assert [write_units(s) for s in (0, 1, 1024, 1025)] == [1, 1, 1, 2]
+    assert write_units(1500, transactional=True) == 4
+    assert read_units(0, consistent=False) == 0.5
+    assert read_units(4097, consistent=True) == 2.0
+    assert [sqs_requests(b) for b in (0, 65536, 65537)] == [1, 1, 2]
+
+
+SCHEMA = TableSchema(("job_id",), {"due": (("shard", "next_fire_at"), "ALL", ())})
+
+
+def test_gsi_writes_for_entering_moving_changing_and_leaving_an_index() -> None:
+    base = {"job_id": {"S": "j"}, "shard": {"N": "1"}}
+    due = {**base, "next_fire_at": {"S": "2026-01-01"}}
+    moved = {**base, "next_fire_at": {"S": "2026-01-02"}}
+    touched = {**due, "updated_at": {"S": "x"}}
+    assert SCHEMA.gsi_writes(None, due) == {"due": [1]}
+    assert SCHEMA.gsi_writes(due, moved) == {"due": [1, 1]}
+    assert SCHEMA.gsi_writes(due, touched) == {"due": [1]}
+    assert SCHEMA.gsi_writes(due, base) == {"due": [1]}
+    assert SCHEMA.gsi_writes(base, {**base, "x": {"S": "y"}}) == {}
+
+
+def test_percentiles_use_the_nearest_rank() -> None:
+    values = [float(i) for i in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
+    assert math.isnan(percentile([], 50))
+    assert summarize([0.5, 0.1]) == {"p50_s": 0.1, "p95_s": 0.5, "p99_s": 0.5, "max_s": 0.5}
+
+
+def _rec(t: float, op: str, **kw: Any) -> dict[str, Any]:
+    svc = kw.pop("svc", "dynamodb")
+    return {"t": t, "svc": svc, "op": op, "ms": 1.0, "thread": kw.pop("thread", "clock"), **kw}
+
+
+def _iteration(t: float, *, items: int = 0, read_bytes: int = 0) -> list[dict[str, Any]]:
+    """One clock iteration on 1 shard: lease acquire, due query, lease release, sweep query."""
+    return [
+        _rec(t, "UpdateItem", table="x-jobs", key="lease-0", wru=1),
+        _rec(t, "Query", table="x-jobs", index="due", items=items, read_bytes=read_bytes, rru=0.5),
+        _rec(t, "UpdateItem", table="x-jobs", key="lease-0", wru=1),
+        _rec(t, "Query", table="x-runs", index="watchdog", items=0, read_bytes=0, rru=0.5),
+    ]
+
+
+def test_the_split_books_ticks_sweeps_leases_and_idle_polls_as_fixed_and_the_rest_per_run() -> None:
+    # Given an idle window of 2 iterations, and a workload window of 3 iterations, one of which claimed a run
+    idle = (
+        _iteration(1)
+        + _iteration(2)
+        + [_rec(2, "ReceiveMessage", svc="sqs", thread="MainThread", messages=0)]
+    )
+    window = _iteration(10) + _iteration(11, items=1, read_bytes=2048) + _iteration(12)
+    window += [
+        _rec(11, "PutItem", table="x-runs", key="j1|t", wru=2, gsi={"watchdog": [1]}),
+        _rec(11, "UpdateItem", table="x-jobs", key="j1", wru=4, gsi={"due": [1, 1], "by_tenant": [1]}),
+        _rec(11, "SendMessage", svc="sqs", queue="x-small", requests=1),
+        _rec(12, "ReceiveMessage", svc="sqs", thread="MainThread", messages=0),
+    ]
+    split = calls.split(idle, window, shards=1)
+    # Then the fixed part is 3 x (2 lease writes + 2 queries, 0.5 RRU each) and the empty poll
+    assert (split.ticks, split.sweeps, split.idle_polls) == (3, 3, 1)
+    assert split.fixed.wru == 6 and split.fixed.rru == pytest.approx(3.0 - 2048 / 4096 / 2)
+    assert dict(split.per_tick.calls) == {"dynamodb UpdateItem jobs": 2, "dynamodb Query jobs/due": 1}
+    assert dict(split.per_sweep.calls) == {"dynamodb Query runs/watchdog": 1}
+    # and per run: the claim's three calls, its units, and the query's bytes (2 KB eventually consistent)
+    assert dict(split.variable.calls) == {
+        "dynamodb PutItem runs": 1,
+        "dynamodb UpdateItem jobs": 1,
+        "sqs SendMessage small": 1,
+    }
+    assert split.variable.wru == 6
+    assert split.variable.rru == pytest.approx(2048 / 4096 / 2)
+    assert dict(split.variable.gsi_wru) == {"watchdog": 1, "due": 2, "by_tenant": 1}
+    assert dict(split.variable.table_wru) == {"runs": 1, "jobs": 1}
+
+
+def test_the_model_sizes_shards_from_the_hot_gsi_and_the_tick_rate() -> None:
+    results = {
+        "cost": {
+            "per_run": {
+                "calls": {"dynamodb UpdateItem runs": 2, "sqs ReceiveMessage small": 1},
+                "gsi_wru": {"watchdog": 4.0, "due": 2.0, "by_tenant": 1.0},
+                "table_wru": {"runs": 3.0, "jobs": 2.0},
+            },
+            "dynamodb_wru_per_run": 12.0,
+            "dynamodb_rru_per_run": 0.1,
+            "lambda_invocations_per_run": 0.5,
+            "usd_per_million_runs": 10.0,
+        },
+        "tick": {
+            "claims_per_s": 50.0,
+            "calls_per_claim": {
+                "dynamodb PutItem runs": 1,
+                "dynamodb UpdateItem jobs": 1,
+                "sqs SendMessage small": 1,
+            },
+        },
+    }
+    p = model.project(results)
+    # watchdog: 4 WRU per run on one key value -> 250 runs/s per shard -> 48 shards for 12,000/s
+    assert p["dynamodb"]["gsi_hot_keys"]["watchdog"]["keys_needed_at_peak"] == 48
+    assert p["dynamodb"]["peak_wru_per_s"] == 144_000
+    # claims: 2 x 6 ms + 10 ms = 22 ms -> 45.5/s per shard -> 264 shards
+    assert p["ticks"]["shards_for_peak_claims_aws"] == 264
+    assert p["ticks"]["shards"] == 264
+    assert p["usd_per_day"] == 1000
+    assert "Scale model" in model.render(p)

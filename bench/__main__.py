@@ -117,12 +117,20 @@ def print_cost(cost: dict[str, Any]) -> None:
     ]
     print(table(rows, ["per run", "units", "USD per million runs"]))
     fixed = cost["fixed"]
-    it = fixed["per_clock_iteration"]
+
+    def calls(t: dict[str, Any]) -> str:
+        return ", ".join(f"{k} x{v:g}" for k, v in t["calls"].items())
+
+    tick, sweep = fixed["per_tick"], fixed["per_sweep"]
     print(
-        f"fixed, not per run: each clock iteration (one tick per shard + one sweep; once a minute in AWS) "
-        f"costs {it['dynamodb_rru']} RRU + {it['dynamodb_wru']} WRU ({', '.join(f'{k} x{v:g}' for k, v in it['calls'].items())})"
-        f" = ${fixed['usd_per_month_clock']}/month with its Lambda and Scheduler invocations; "
-        f"each idle worker polls {fixed['idle_polls_per_worker_minute']}x/min = ${fixed['usd_per_month_per_idle_worker']}/month"
+        "fixed, not per run (amortised separately):\n"
+        f"  each tick (one per shard per minute in AWS): {calls(tick)} = {tick['dynamodb_rru']} RRU + "
+        f"{tick['dynamodb_wru']} WRU; all shards' ticks ${fixed['usd_per_month_ticks']}/month with their Lambda "
+        "and Scheduler invocations\n"
+        f"  each sweep (one per minute): {calls(sweep)} = {sweep['dynamodb_rru']} RRU; "
+        f"${fixed['usd_per_month_sweeper']}/month\n"
+        f"  each idle worker: {fixed['idle_polls_per_worker_minute']} empty long polls/min = "
+        f"${fixed['usd_per_month_per_idle_worker']}/month"
     )
 
 
@@ -177,6 +185,11 @@ def print_tick(tick: dict[str, Any]) -> None:
     print("calls per claim: " + ", ".join(f"{k} x{v:g}" for k, v in tick["calls_per_claim"].items()))
 
 
+def _save(results: dict[str, Any], path: Path) -> None:
+    """Write what is measured so far (a later part failing keeps the earlier parts' figures)."""
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -221,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = cost.run_workload(cost.QUICK if args.quick else cost.FULL)
         results["cost"] = cost.price_it(raw)
         print_cost(results["cost"])
+    _save(results, latest_path)
     if "lag" in parts or "baseline" in parts:
         from bench import baseline, lag
 
@@ -248,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             if n in results["baseline_apscheduler"]
         }
         print_lag(results.get("lag", {}), results["baseline_apscheduler"])
+    _save(results, latest_path)
     if "tick" in parts:
         from bench import tickscale
 

@@ -48,8 +48,18 @@ def run_schemathesis(api: str, *, examples: int, seed: int, cwd: Path) -> subpro
     )
 
 
+#: a CPython 3.11 race inside hypothesis' source parsing (not Duetime's): such a run is repeated once
+KNOWN_TOOL_FLAKE = "AST constructor recursion depth mismatch"
+
+
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(stack: Stack) -> None:
     examples = int(os.environ.get("DUETIME_FUZZ_EXAMPLES", "8"))
-    result = run_schemathesis(stack.api, examples=examples, seed=1, cwd=stack.workdir)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    for seed in (1, 2):
+        result = run_schemathesis(stack.api, examples=examples, seed=seed, cwd=stack.workdir)
+        out = result.stdout + result.stderr
+        # check failures (a 5xx, an undocumented status, a body off its schema) always fail the test
+        assert "Failures:" not in out, out[-6000:]
+        if result.returncode == 0 or KNOWN_TOOL_FLAKE not in out:
+            break
+    assert result.returncode == 0, out[-6000:]
     assert "passed" in result.stdout

@@ -29,7 +29,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PARTS = ("cost", "lag", "baseline", "tick", "model")
 FULL_SIZES = (100, 1000, 5000)
 QUICK_SIZES = (100, 300)
-FULL_TICK_M = (500, 2000)
+FULL_TICK_M = (1000,)
 QUICK_TICK_M = (300,)
 
 

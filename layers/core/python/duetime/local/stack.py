@@ -278,7 +278,7 @@ class LocalStack:
                     sweeper({})
                 except Exception as exc:  # noqa: BLE001
                     print(f"sweeper failed: {exc!r}", file=sys.stderr, flush=True)
-                next_at += period
+                next_at = max(next_at + period, time.monotonic())  # a long tick skips missed periods
                 self._stopping.wait(max(0.0, next_at - time.monotonic()))
 
         self._thread(loop, "clock")

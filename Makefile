@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: fuzz run test test-unit test-integration test-e2e lint format typecheck clean synth lint-infra bench bench-quick
+.PHONY: fuzz run test test-unit test-integration test-e2e lint format typecheck clean synth lint-infra bench bench-quick faults
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,3 +72,11 @@ bench: $(STAMP)
 ## the same parts on a small workload (under 3 minutes)
 bench-quick: $(STAMP)
 	$(PY) -m bench $(or $(ARGS),all) --quick
+
+## fault injection at length (tests/faults/README.md): the process-level scenarios with their slow variants and
+## SIM_SEEDS seeds of the deterministic simulation from SIM_BASE; a failing seed prints how to replay it
+SIM_SEEDS ?= 5000
+SIM_BASE  ?= 0
+faults: $(STAMP)
+	DUETIME_FAULTS_FULL=1 DUETIME_SIM_SEEDS=$(SIM_SEEDS) DUETIME_SIM_BASE=$(SIM_BASE) \
+		$(VENV)/bin/pytest -n 2 -q -m faults tests/faults tests/sim

@@ -63,6 +63,13 @@ def _running(stack: Stack, job_id: str, attempt: int) -> dict[str, Any] | None:
     )
 
 
+def _later_attempts_ok(run: dict[str, Any]) -> bool:
+    """After attempt 1, the run succeeded on attempt 2 (or, if an overloaded box made a heartbeat miss the
+    4 s lease, on a later one, every attempt in between lost the same way)."""
+    *middle, last = run["attempts"][1:]
+    return last["state"] == "SUCCEEDED" and all(a.get("reason") == "worker_lost" for a in middle)
+
+
 def _kill_container(pid: int) -> None:
     """What a dead Fargate task does to a worker: the worker and every process below it die at once."""
     for p in [pid, *descendants(pid)]:
@@ -134,11 +141,9 @@ def test_a_worker_paused_past_its_lease_is_fenced_off_and_kills_its_task(
     assert alive(worker)
     # And the run was finished exactly once, by attempt 2, under its own token
     [run] = wait_for("the run to settle", lambda: settled(stack, job_id))
-    assert (run["state"], run["attempt"]) == ("SUCCEEDED", 2)
-    assert [(a["attempt"], a["state"], a.get("reason")) for a in run["attempts"]] == [
-        (1, "FAILED", "worker_lost"),
-        (2, "SUCCEEDED", None),
-    ]
+    assert run["state"] == "SUCCEEDED"
+    assert (run["attempts"][0]["attempt"], run["attempts"][0]["reason"]) == (1, "worker_lost")
+    assert _later_attempts_ok(run)
     assert run["fencing_token"] == run["attempts"][-1]["fencing_token"]
     assert run_problems(run, effects.of(run["run_id"])) == []
 
@@ -146,8 +151,9 @@ def test_a_worker_paused_past_its_lease_is_fenced_off_and_kills_its_task(
 def test_a_paused_worker_whose_task_ended_meanwhile_has_its_finish_rejected(
     stack: Stack, effects: Effects
 ) -> None:
-    # Given a short task whose worker is paused right after it starts
-    job_id = _submit(stack, effects.command("sleep 1"), retry={"max_attempts": 3, "backoff_seconds": 0})
+    # Given a 3 s task whose worker is paused right after it starts (later attempts take 1 s)
+    script = '[ "$DUETIME_ATTEMPT" = 1 ] && sleep 3; sleep 1'
+    job_id = _submit(stack, effects.command(script), retry={"max_attempts": 3, "backoff_seconds": 0})
     first = wait_for("attempt 1 running", lambda: _running(stack, job_id, 1))
     worker = worker_pid(first)
     os.kill(worker, signal.SIGSTOP)
@@ -172,8 +178,8 @@ def test_a_paused_worker_whose_task_ended_meanwhile_has_its_finish_rejected(
     )
     [event] = [e for e in run["events"] if e["kind"] == "stale_finish_rejected"]
     assert event["detail"]["fencing_token"] == first["fencing_token"]
-    assert (run["state"], run["attempt"], len(run["attempts"])) == ("SUCCEEDED", 2, 2)
-    assert run["attempts"][0]["reason"] == "worker_lost"
+    assert (run["state"], run["attempts"][0]["reason"]) == ("SUCCEEDED", "worker_lost")
+    assert _later_attempts_ok(run)
     assert run_problems(run, effects.of(run["run_id"])) == []
 
 

@@ -5,8 +5,8 @@ The real services (``jobs.create_job``, ``claims.tick``, ``runs.start/heartbeat/
 (:class:`~duetime.clock.FixedClock`) and an in-memory queue (:class:`SimQueue`, the interface of
 ``duetime.queue.SqsQueues``, delays and visibility in simulated time).
 
-Each actor (a tick per shard, a lease-less "rogue" tick, sweepers, workers, API submits) runs in its own
-thread, but only one thread ever runs at a time: every AWS call (a botocore ``before-call`` hook on the
+Each actor (a tick per shard, a lease-less "rogue" tick, sweepers, workers, API submits, an operator who
+triggers, cancels, pauses, resumes and re-drives) runs in its own thread, but only one thread ever runs at a time: every AWS call (a botocore ``before-call`` hook on the
 DynamoDB client, and each :class:`SimQueue` method) and every simulated sleep hands control back to the
 scheduler, which picks what runs next with ``random.Random(seed)``. So a seed fixes the interleaving of
 concurrent ticks, workers and sweepers, the faults, and the time at which each step happens: a failing seed

@@ -74,6 +74,41 @@ def test_a_failing_job_is_retried_then_dead_lettered(stack: Stack) -> None:
     assert "boom" in stack.request("GET", f"/runs/{run['run_id']}/logs")[1]
 
 
+def test_exit_1_three_times_waits_longer_each_time_is_dead_lettered_and_a_retry_runs_it_again(
+    stack: Stack,
+) -> None:
+    # Given `sh -c 'exit 1'` with 3 attempts (backoff 1 s x4 with the default equal jitter: 0.5-1 s, then 2-4 s)
+    body = _job(["sh", "-c", "exit 1"], retry={"max_attempts": 3, "backoff_seconds": 1})
+    _, job = stack.request("POST", "/jobs", body)
+    [run] = stack.wait_run(job["job_id"], {"FAILED"}, timeout=40)
+    # Then three attempts ran, each gap longer than the one before, and the run is dead-lettered
+    assert [(a["attempt"], a["state"], a["exit_code"]) for a in run["attempts"]] == [
+        (1, "FAILED", 1),
+        (2, "FAILED", 1),
+        (3, "FAILED", 1),
+    ]
+    first, second, third = run["attempts"]
+    gap1 = (_ts(second["started_at"]) - _ts(first["finished_at"])).total_seconds()
+    gap2 = (_ts(third["started_at"]) - _ts(second["finished_at"])).total_seconds()
+    assert 0.5 <= gap1 < gap2, (gap1, gap2)
+    assert gap2 >= 2.0
+    assert run["dead_lettered"] is True
+    _, dead = stack.request("GET", "/dead-letters")
+    assert run["run_id"] in [r["run_id"] for r in dead["runs"]]
+    # When it is re-driven
+    status, redriven = stack.request("POST", f"/runs/{run['run_id']}/retry")
+    assert status == 200 and (redriven["attempt"], redriven["trigger"]) == (4, "retry")
+    # Then it runs again, as a fourth attempt, and fails again (the command still exits 1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        _, again = stack.request("GET", f"/runs/{run['run_id']}")
+        if len(again["attempts"]) >= 4 and again["state"] in {"FAILED", "SUCCEEDED"}:
+            break
+        time.sleep(0.3)
+    assert [a["attempt"] for a in again["attempts"]][:4] == [1, 2, 3, 4]
+    assert again["attempts"][3]["exit_code"] == 1
+
+
 def test_a_killed_worker_loses_its_lease_and_the_run_finishes_as_attempt_two(stack: Stack) -> None:
     # Given a 3-second job, running
     _, job = stack.request(

@@ -395,7 +395,7 @@ def _draw_jobs(rng: random.Random, fault_seconds: float) -> list[JobPlan]:
             backoff_seconds=rng.choice([0, 1, 2]),
             backoff_multiplier=rng.choice([1, 2]),
             max_backoff_seconds=5,
-            jitter=rng.choice(["full", "none"]),
+            jitter=rng.choice(["equal", "full", "none"]),
         )
         on_timeout = rng.choice(
             [

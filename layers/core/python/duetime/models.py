@@ -293,7 +293,7 @@ MAX_RESULT_BYTES = 32 * 1024
 
 
 class RetryPolicy(BaseModel):
-    """Retries of failed attempts: exponential backoff with full jitter (defaults from [S0])."""
+    """Retries of failed attempts: exponential backoff with jitter (defaults from [S0]; see ``duetime.retries``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -301,7 +301,11 @@ class RetryPolicy(BaseModel):
     backoff_seconds: SFloat = Field(default=10.0, ge=0, le=86400, description="delay before attempt 2, s")
     backoff_multiplier: SFloat = Field(default=4.0, ge=1, le=100)
     max_backoff_seconds: SFloat = Field(default=900.0, ge=0, le=7 * 86400, description="cap on any delay, s")
-    jitter: Literal["full", "none"] = Field(default="full", description="full jitter (AWS) or none")
+    jitter: Literal["equal", "full", "none"] = Field(
+        default="equal",
+        description="equal: uniform in [c/2, c) so gaps grow; full: uniform in [0, c); none: c "
+        "(c = min(max_backoff_seconds, backoff_seconds * backoff_multiplier ** (attempt - 1)))",
+    )
 
 
 #: One week: the longest run timeout accepted.

@@ -1,7 +1,14 @@
-"""Retry timing: exponential backoff with optional full jitter (pure).
+"""Retry timing: exponential backoff with equal, full or no jitter (pure).
 
 Source: [S0] "wait 10 seconds, then 40, then a few minutes, with a bit of randomness"; AWS Architecture Blog,
-"Exponential Backoff And Jitter" (full jitter: ``uniform(0, min(cap, base * multiplier**n))``).
+"Exponential Backoff And Jitter" (equal jitter: ``c/2 + uniform(0, c/2)``, full jitter: ``uniform(0, c)``,
+with ``c = min(cap, base * multiplier**n)``).
+
+The default is equal jitter: it keeps [S0]'s "a bit of randomness" (the delays of runs that failed together
+spread over half of each window, so a broken dependency is not hammered by every job at once) and its
+"10 seconds, then 40": with a multiplier >= 2 each gap is at least as long as the one before it, until the
+cap. Full jitter (DESIGN.md section 5's wording) spreads wider but may wait 1 s after waiting 9 s, which a
+user reads as a shrinking backoff; it stays available as ``jitter: "full"``.
 """
 
 from __future__ import annotations
@@ -34,8 +41,16 @@ def backoff_delay(
 ) -> float:
     """Seconds to wait before the next attempt after ``failed_attempt`` failed.
 
-    ``jitter="full"``: ``rand() * ceiling`` (uniform in ``[0, ceiling)``); ``"none"``: the ceiling itself.
-    ``rand`` is injectable so tests are deterministic.
+    ``jitter="equal"`` (default): ``ceiling / 2 + rand() * ceiling / 2`` (uniform in ``[ceiling/2, ceiling)``);
+    ``"full"``: ``rand() * ceiling`` (uniform in ``[0, ceiling)``); ``"none"``: the ceiling itself.
+    ``rand`` returns a float in ``[0, 1)`` and is injectable so tests are deterministic.
+
+    Raises:
+        ValueError: if ``failed_attempt`` < 1.
     """
     ceiling = backoff_ceiling(policy, failed_attempt)
-    return ceiling * rand() if policy.jitter == "full" else ceiling
+    if policy.jitter == "equal":
+        return ceiling / 2 + rand() * ceiling / 2
+    if policy.jitter == "full":
+        return ceiling * rand()
+    return ceiling

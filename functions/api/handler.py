@@ -16,6 +16,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Header, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
 from duetime import __version__, idempotency, jobs
@@ -30,7 +31,14 @@ from duetime.api_models import (
     UpdateJobRequest,
 )
 from duetime.deps import default_deps
-from duetime.errors import ConflictError, NotFoundError, QuotaExceededError, RequestFieldError, ScheduleError
+from duetime.errors import (
+    ConflictError,
+    NotFoundError,
+    QuotaExceededError,
+    RequestFieldError,
+    ScheduleError,
+    ThrottledError,
+)
 from duetime.models import TASK_KINDS, Job, JobState, RunState, in_supported_range
 from duetime.observability import logger
 from duetime.store import JobExistsError
@@ -93,11 +101,16 @@ _ERROR_DESCRIPTIONS = {
     404: "No such job or run (or another tenant's)",
     409: "Conflicts with the resource's state, an Idempotency-Key reused with another body, or a quota",
     429: "Too many submits this minute: retry after the Retry-After header's seconds",
+    503: "AWS throttled the request: nothing was changed; retry after the Retry-After header's seconds",
 }
 
 
-def errors(*codes: int) -> dict[int, OpenAPIResponse]:
-    """OpenAPI ``responses`` for the error statuses a route can answer, all in the ErrorResponse shape."""
+def errors(*codes: int, aws: bool = True) -> dict[int, OpenAPIResponse]:
+    """OpenAPI ``responses`` for the error statuses a route can answer, all in the ErrorResponse shape.
+
+    ``aws``: the route calls AWS, so it may also answer 503 when AWS throttles it.
+    """
+    codes = (*codes, 503) if aws else codes
     return {
         code: {
             "description": _ERROR_DESCRIPTIONS[code],
@@ -179,6 +192,34 @@ def _quota(exc: QuotaExceededError) -> Response[str]:
     response = error(429, "too_many_requests", str(exc))
     response.headers["Retry-After"] = str(exc.retry_after)
     return response
+
+
+#: botocore error codes of capacity refusals (after the SDK's own retries): the request changed nothing
+THROTTLING_CODES = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "Throttling",
+        "TooManyRequestsException",
+    }
+)
+
+
+@app.exception_handler(ThrottledError)
+def _throttled(exc: ThrottledError) -> Response[str]:
+    response = error(503, "throttled", f"{exc}; try again shortly")
+    response.headers["Retry-After"] = "1"
+    return response
+
+
+@app.exception_handler(ClientError)
+def _aws_error(exc: ClientError) -> Response[str]:
+    """A throttled AWS call is a 503 with Retry-After; any other AWS error stays a server error (re-raised)."""
+    code = exc.response.get("Error", {}).get("Code", "")
+    if code in THROTTLING_CODES:
+        return _throttled(ThrottledError(f"AWS throttled {exc.operation_name} ({code})"))
+    raise exc
 
 
 @app.exception_handler(JobExistsError)
@@ -423,7 +464,8 @@ def retry_run(
 
 
 @app.get(
-    "/schedules/preview", responses=ok(200, SchedulePreviewResponse, "The next fire times") | errors(400)
+    "/schedules/preview",
+    responses=ok(200, SchedulePreviewResponse, "The next fire times") | errors(400, aws=False),
 )
 def preview_schedule(
     expression: Annotated[str, Query(min_length=1, max_length=256)],

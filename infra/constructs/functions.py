@@ -78,7 +78,7 @@ class FunctionSpec:
 IDEMPOTENCY_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
 
 #: The API serves ``duetime.jobs``: submit (put job, then claim: put run, advance job, send), read and list
-#: jobs (GetItem, Query by tenant), replace a job on PATCH/pause/resume/delete (conditional PutItem), trigger
+#: jobs (GetItem; Query by tenant, then BatchGetItem the page), replace a job on PATCH/pause/resume/delete (conditional PutItem), trigger
 #: (put run, send), list runs (Query), read a run (GetItem), cancel or redrive a run (UpdateItem, then wake the
 #: job's next waiting run: Query the active index, GetItem, send), list dead letters (Query), read logs
 #: (GetObject; ListBucket so a missing object reads as NoSuchKey, not AccessDenied), and replay
@@ -89,7 +89,13 @@ API = FunctionSpec(
     timeout_seconds=10,
     memory_mib=512,
     access=(
-        allow(Target.JOBS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
+        allow(
+            Target.JOBS,
+            "dynamodb:GetItem",
+            "dynamodb:BatchGetItem",
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem",
+        ),
         allow(Target.JOBS, "dynamodb:Query", index=JOBS_BY_TENANT_INDEX),
         allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"),
         allow(Target.RUNS, "dynamodb:Query", index=ACTIVE_INDEX),

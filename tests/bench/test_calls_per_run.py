@@ -4,7 +4,7 @@ A change that adds a call or a write unit to a run's path fails here: update the
 README's Performance section, or remove the extra call. Derived from the code (DESIGN.md sections 4 and 5):
 - submit: PutItem job (+ due and by_tenant GSI entries);
 - claim (API for a run-now job, tick for a scheduled one): PutItem run (+ watchdog GSI), UpdateItem job
-  (advance next_fire_at: the due GSI entry moves or leaves, by_tenant's projection changes), SendMessage;
+  (advance next_fire_at: the due GSI entry moves or leaves; by_tenant only when the state changes), SendMessage;
 - worker: ReceiveMessage, UpdateItem run (start: watch_at moves in the watchdog GSI), PutObject log,
   UpdateItem run (finish: leaves the watchdog GSI), DeleteMessage;
 - sweeper with nothing overdue: one empty watchdog Query per shard, nothing per run.
@@ -106,7 +106,7 @@ def test_a_run_now_job_costs_five_calls_to_submit_and_five_to_run(deps: Deps, co
         "sqs SendMessage test-small": 1,
     }
     # rate counter: 1; put job: table + due + by_tenant; put run: table + watchdog; advance (next_fire_at
-    # removed): table + leaving due + by_tenant's projection
+    # removed, state COMPLETED): table + leaving due + by_tenant (its projected state changed)
     assert [r["wru"] for r in submit if r["svc"] == "dynamodb"] == [1, 3, 2, 3]
     assert rru(submit) == 0
     # and the worker's run is five calls, no reads
@@ -151,8 +151,9 @@ def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
         "sqs SendMessage test-small": 1,
     }
     assert [r["items"] for r in ticked if r["op"] == "Query"] == [1]
-    # put run: table + watchdog; advance (next_fire_at moves): table + due delete + due put + by_tenant
-    assert wru(ticked) - wru(fixed) == 2 + 4
+    # put run: table + watchdog; advance (next_fire_at moves): table + due delete + due put; by_tenant
+    # projects only state and name, so a claim never writes it
+    assert wru(ticked) - wru(fixed) == 2 + 3
 
     # And the worker's run is the same five calls as a run-now job's
     Worker(deps, "small").poll_once()

@@ -478,6 +478,7 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
     }
     assert grants("api") == {
         "dynamodb:GetItem": {jobs, runs, idem},
+        "dynamodb:BatchGetItem": {jobs},
         "dynamodb:PutItem": {jobs, runs, idem},
         "dynamodb:UpdateItem": {jobs, runs, idem},
         "dynamodb:DeleteItem": {idem},

@@ -110,7 +110,7 @@ def test_the_openapi_schema_documents_every_route_and_the_error_shape(api: Modul
     assert "CreateJobRequest" in schema["components"]["schemas"]
     # Only statuses the API answers are documented: validation errors are 400s naming the field, never 422s
     documented = {c for item in paths.values() for op in item.values() for c in op["responses"]}
-    assert documented == {"200", "201", "202", "400", "404", "409", "429"}
+    assert documented == {"200", "201", "202", "400", "404", "409", "429", "503"}
     assert "HTTPValidationError" not in schema["components"]["schemas"]
     status, answer, _ = call(api, "POST", "/jobs", {**JOB, "timeout_seconds": "x"})
     assert status == 400 and answer["error"]["field"] == "timeout_seconds"

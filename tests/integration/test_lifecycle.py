@@ -194,17 +194,29 @@ def test_patching_a_lambda_jobs_timeout_past_lambdas_limit_is_refused(api: Modul
 
 
 def test_patch_merges_the_schedule_and_policies_field_by_field(api: ModuleType) -> None:
-    body = {**EVERY_5, "schedule": {"expression": "0 9 * * *", "timezone": "America/New_York"},
-            "retry": {"max_attempts": 5, "backoff_seconds": 2}}
+    body = {
+        **EVERY_5,
+        "schedule": {"expression": "0 9 * * *", "timezone": "America/New_York"},
+        "retry": {"max_attempts": 5, "backoff_seconds": 2},
+    }
     _, job, _ = call(api, "POST", "/jobs", body)
-    status, patched, _ = call(api, "PATCH", f"/jobs/{job['job_id']}",
-                              {"schedule": {"expression": "0 10 * * *"}, "retry": {"max_attempts": 7}})
+    status, patched, _ = call(
+        api,
+        "PATCH",
+        f"/jobs/{job['job_id']}",
+        {"schedule": {"expression": "0 10 * * *"}, "retry": {"max_attempts": 7}},
+    )
     assert status == 200, patched
     assert patched["schedule"]["timezone"] == "America/New_York"  # kept
     assert patched["retry"]["backoff_seconds"] == 2 and patched["retry"]["max_attempts"] == 7
-    status, patched, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", {"schedule": {"timezone": "Asia/Tokyo"}})
-    assert status == 200 and patched["schedule"] == {**patched["schedule"], "expression": "0 10 * * *",
-                                                     "timezone": "Asia/Tokyo"}
+    status, patched, _ = call(
+        api, "PATCH", f"/jobs/{job['job_id']}", {"schedule": {"timezone": "Asia/Tokyo"}}
+    )
+    assert status == 200 and patched["schedule"] == {
+        **patched["schedule"],
+        "expression": "0 10 * * *",
+        "timezone": "Asia/Tokyo",
+    }
     # a run-now job has no schedule to merge into: a partial one names the missing field
     _, once, _ = call(api, "POST", "/jobs", {**EVERY_5, "schedule": None})
     status, body, _ = call(api, "PATCH", f"/jobs/{once['job_id']}", {"schedule": {"timezone": "UTC"}})
@@ -214,18 +226,114 @@ def test_patch_merges_the_schedule_and_policies_field_by_field(api: ModuleType) 
 @pytest.mark.parametrize(
     ("method", "path_fmt", "payload", "query", "field"),
     [
-        ("POST", "/jobs", {"schedule": {"expression": "rate(1 minute)", "start_at": "0001-01-01T00:00:00Z"}}, None,
-         "schedule.start_at"),
-        ("POST", "/jobs", {"schedule": {"expression": "rate(1 minute)", "end_at": "9999-12-31T23:59:59-14:00"}},
-         None, "schedule.end_at"),
+        (
+            "POST",
+            "/jobs",
+            {"schedule": {"expression": "rate(1 minute)", "start_at": "0001-01-01T00:00:00Z"}},
+            None,
+            "schedule.start_at",
+        ),
+        (
+            "POST",
+            "/jobs",
+            {"schedule": {"expression": "rate(1 minute)", "end_at": "9999-12-31T23:59:59-14:00"}},
+            None,
+            "schedule.end_at",
+        ),
         ("GET", "/jobs/{job}/runs", None, {"since": "0001-01-01T00:00:00+14:00"}, "since"),
-        ("GET", "/jobs", None, {"next_token": "eyJjcmVhdGVkX2F0Ijp7Ik4iOiIxIn0sImpvYl9pZCI6eyJTIjoieSJ9LCJ0ZW5hbnQiOnsiUyI6ImxvY2FsIn19"},
-         "next_token"),
+        (
+            "GET",
+            "/jobs",
+            None,
+            {
+                "next_token": "eyJjcmVhdGVkX2F0Ijp7Ik4iOiIxIn0sImpvYl9pZCI6eyJTIjoieSJ9LCJ0ZW5hbnQiOnsiUyI6ImxvY2FsIn19"
+            },
+            "next_token",
+        ),
     ],
 )
-def test_out_of_range_instants_and_forged_tokens_are_400(api, method, path_fmt, payload, query, field) -> None:
+def test_out_of_range_instants_and_forged_tokens_are_400(
+    api, method, path_fmt, payload, query, field
+) -> None:
     _, job, _ = call(api, "POST", "/jobs", EVERY_5)
     body = {**EVERY_5, **payload} if payload else None
     status, answer, _ = call(api, method, path_fmt.format(job=job["job_id"]), body, query=query)
     assert status == 400, answer
     assert answer["error"]["field"] == field
+
+
+def test_a_listing_shows_each_jobs_current_state_though_the_index_holds_only_state_and_name(
+    api: ModuleType, deps, clock
+) -> None:
+    # Given three jobs, one paused, whose next fires the tick has moved on (the tenant index is not written)
+    ids = [call(api, "POST", "/jobs", {**EVERY_5, "name": f"n{i}"})[1]["job_id"] for i in range(3)]
+    call(api, "POST", f"/jobs/{ids[0]}/pause")
+    clock.advance(300)
+    for shard in range(deps.settings.shard_count):
+        claims.tick(shard, deps)
+    # When the tenant lists its jobs
+    status, page, _ = call(api, "GET", "/jobs")
+    # Then every job comes back whole and current: task, schedule, next fire as stored now
+    assert status == 200
+    listed = {j["job_id"]: j for j in page["jobs"]}
+    assert set(listed) == set(ids)
+    for job_id in ids:
+        stored = call(api, "GET", f"/jobs/{job_id}")[1]
+        assert listed[job_id] == stored
+    assert listed[ids[0]]["state"] == "PAUSED" and listed[ids[1]]["task"]["command"] == ["true"]
+    # And the state filter is applied on the index
+    status, paused, _ = call(api, "GET", "/jobs", query={"state": "PAUSED"})
+    assert [j["job_id"] for j in paused["jobs"]] == [ids[0]]
+
+
+def test_keys_dynamodb_leaves_unprocessed_are_asked_again(api: ModuleType, deps, monkeypatch) -> None:
+    ids = [call(api, "POST", "/jobs", {**EVERY_5, "name": f"n{i}"})[1]["job_id"] for i in range(4)]
+    real = deps.store._ddb.batch_get_item
+    calls: list[int] = []
+
+    def half_at_a_time(RequestItems):  # noqa: N803 (boto3's parameter name)
+        # DynamoDB answers part of the batch and returns the rest as UnprocessedKeys (as under throttling)
+        [(table, request)] = RequestItems.items()
+        keys = request["Keys"]
+        calls.append(len(keys))
+        now, later = keys[: max(1, len(keys) // 2)], keys[max(1, len(keys) // 2) :]
+        out = real(RequestItems={table: {**request, "Keys": now}})
+        if later:
+            out["UnprocessedKeys"] = {table: {**request, "Keys": later}}
+        return out
+
+    monkeypatch.setattr(deps.store._ddb, "batch_get_item", half_at_a_time)
+    status, page, _ = call(api, "GET", "/jobs")
+    assert status == 200 and sorted(j["job_id"] for j in page["jobs"]) == sorted(ids)
+    assert calls == [4, 2, 1]
+
+
+def test_a_listing_dynamodb_keeps_throttling_is_a_503_with_retry_after(
+    api: ModuleType, deps, monkeypatch
+) -> None:
+    call(api, "POST", "/jobs", EVERY_5)
+
+    def throttled(RequestItems):  # noqa: N803
+        return {"Responses": {}, "UnprocessedKeys": RequestItems}
+
+    monkeypatch.setattr(deps.store._ddb, "batch_get_item", throttled)
+    monkeypatch.setattr("duetime.store.wait_random_exponential", lambda **_: lambda _state: 0)
+    status, body, headers = call(api, "GET", "/jobs")
+    assert status == 503 and body["error"]["code"] == "throttled"
+    assert "unprocessed" in body["error"]["message"] and headers["retry-after"] == "1"
+
+
+def test_a_throttled_aws_call_is_a_503_and_writes_nothing(api: ModuleType, deps, monkeypatch) -> None:
+    from botocore.exceptions import ClientError
+
+    def throttled(**kwargs):
+        raise ClientError(
+            {"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "slow down"}}, "PutItem"
+        )
+
+    real = deps.store._ddb.put_item
+    monkeypatch.setattr(deps.store._ddb, "put_item", throttled)
+    status, body, headers = call(api, "POST", "/jobs", EVERY_5)
+    assert status == 503 and headers["retry-after"] == "1" and "PutItem" in body["error"]["message"]
+    monkeypatch.setattr(deps.store._ddb, "put_item", real)
+    assert call(api, "GET", "/jobs")[1]["jobs"] == []

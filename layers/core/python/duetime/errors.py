@@ -81,3 +81,8 @@ class QuotaExceededError(DuetimeError):
     def __init__(self, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class ThrottledError(DuetimeError):
+    """AWS kept refusing a request for capacity (DynamoDB throttling, after the SDK's and Duetime's own
+    retries). Nothing was changed by the refused part; the caller may try again later (HTTP 503)."""

@@ -124,7 +124,8 @@ def jobs_table_definition(name: str) -> dict[str, Any]:
                     {"AttributeName": TENANT_KEY, "KeyType": "HASH"},
                     {"AttributeName": CREATED_AT_KEY, "KeyType": "RANGE"},
                 ],
-                "Projection": {"ProjectionType": "ALL"},
+                # only what list filters read: a claim (next_fire_at, version) never writes this index
+                "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["state", "name"]},
             },
         ],
     }

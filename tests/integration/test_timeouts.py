@@ -12,47 +12,33 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from moto import mock_aws
 
 from duetime import aws, jobs, runs
 from duetime.api_models import CreateJobRequest
 from duetime.clock import FixedClock
 from duetime.deps import Deps, deps_from_settings
 from duetime.errors import LeaseLostError, RequestFieldError
-from duetime.local.stack import LOCAL_AWS_ENV
 from duetime.models import ContainerTask, OnTimeout, RetryPolicy, RunState, Trigger
-from duetime.resources import ResourceNames, create_all
-from duetime.settings import Settings
+from duetime.resources import ResourceNames
 from duetime.sweeper import sweep
 from duetime.timeouts import create_state_machine, execution_name, start_handler
 from duetime.worker import Worker
-from tests.conftest import T0
+from tests.conftest import T0, make_settings, moto_env
 from tests.helpers import drain
 
 
 @pytest.fixture
 def sfn_deps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Deps]:
     """moto with Step Functions executing, the timeout-handler state machine created, a fixed clock."""
-    for key, value in LOCAL_AWS_ENV.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
-        aws.reset_clients()
-        names = ResourceNames.for_prefix("t")
-        urls = create_all(names)
-        settings = Settings(
-            jobs_table=names.jobs_table,
-            runs_table=names.runs_table,
-            logs_bucket=names.logs_bucket,
-            queue_urls=urls,
+    with moto_env(monkeypatch, {"stepfunctions": {"execute_state_machine": True}}):
+        settings = make_settings(
+            ResourceNames.for_prefix("t"),
             shard_count=1,
-            lease_seconds=30,
             heartbeat_seconds=5,
-            pending_grace_seconds=60,
+            kill_grace_seconds=10,
             timeout_state_machine_arn=create_state_machine("t-timeout-handler"),
         )
         yield deps_from_settings(settings, FixedClock(T0))
-    aws.reset_clients()
 
 
 def _job(deps: Deps, command: list[str], *, name: str = "t", **kw) -> str:

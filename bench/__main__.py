@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": runs,
             "claims_per_s": best["claims_per_s"],
             "calls_per_claim": best["calls_per_claim"],
+            "claim_concurrency": best["claim_concurrency"],
         }
         print_tick(results["tick"])
     if "model" in parts:

@@ -84,7 +84,9 @@ def project(results: dict[str, Any]) -> dict[str, Any]:
     )
     sqs_per_claim = sum(v for k, v in claim_calls.items() if k.startswith("sqs"))
     aws_ms_per_claim = ddb_writes_per_claim * AWS_DYNAMODB_WRITE_MS + sqs_per_claim * AWS_SQS_SEND_MS
-    aws_claims_per_s = 1000 / aws_ms_per_claim if aws_ms_per_claim else None
+    # a tick claims `claim_concurrency` jobs at once (threads), each claim's calls one after the other
+    concurrency = int(tick.get("claim_concurrency") or 1)
+    aws_claims_per_s = concurrency * 1000 / aws_ms_per_claim if aws_ms_per_claim else None
     shards_for_ticks_aws = math.ceil(peak / aws_claims_per_s) if aws_claims_per_s else None
     shards_for_ticks_local = math.ceil(peak / local_claims_per_s) if local_claims_per_s else None
     shards = max(shards_for_gsi, shards_for_ticks_aws or 0)
@@ -132,6 +134,7 @@ def project(results: dict[str, Any]) -> dict[str, Any]:
         },
         "ticks": {
             "local_claims_per_s_per_shard": local_claims_per_s,
+            "claim_concurrency": concurrency,
             "assumed_aws_ms_per_claim": round(aws_ms_per_claim, 1),
             "assumed_aws_claims_per_s_per_shard": round(aws_claims_per_s, 1) if aws_claims_per_s else None,
             "shards_for_peak_claims_aws": shards_for_ticks_aws,
@@ -182,7 +185,8 @@ def render(p: dict[str, Any]) -> str:
         )
     lines += [
         f"  Ticks: {t['local_claims_per_s_per_shard']} claims/s per shard measured on moto; "
-        f"~{t['assumed_aws_claims_per_s_per_shard']}/s assumed on AWS ({t['assumed_aws_ms_per_claim']} ms/claim)",
+        f"~{t['assumed_aws_claims_per_s_per_shard']}/s assumed on AWS ({t['assumed_aws_ms_per_claim']} ms/claim, "
+        f"{t['claim_concurrency']} at once)",
         f"    shards needed: {t['shards']} (claims: {t['shards_for_peak_claims_aws']} on AWS, "
         f"{t['shards_for_peak_claims_at_local_speed']} at local speed; GSI partitions: {t['shards_for_gsi_partitions']})",
         f"  Workers (concurrent runs at peak, assumed {w['assumed_aws_overhead_s_per_run']} s overhead/run): "

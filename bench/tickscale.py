@@ -126,6 +126,7 @@ def measure(m: int) -> dict[str, Any]:
     claimed = max(1, result.claimed)
     return {
         "m": m,
+        "claim_concurrency": settings.claim_concurrency,
         "claimed": result.claimed,
         "errors": result.errors,
         "tick_s": round(wall, 3),

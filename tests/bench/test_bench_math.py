@@ -147,3 +147,8 @@ def test_the_model_sizes_shards_from_the_hot_gsi_and_the_tick_rate() -> None:
     assert p["ticks"]["shards"] == 264
     assert p["usd_per_day"] == 1000
     assert "Scale model" in model.render(p)
+    # a tick claiming 8 at once: 8 x 45.5/s per shard -> 33 shards, fewer than the watchdog's 48 key values
+    results["tick"]["claim_concurrency"] = 8
+    p = model.project(results)
+    assert p["ticks"]["shards_for_peak_claims_aws"] == 33
+    assert p["ticks"]["shards"] == 48

@@ -122,3 +122,42 @@ def test_a_stack_down_for_many_slots_runs_the_latest_once_and_counts_the_missed(
     assert run.missed_slots == 11
     stored = deps.store.get_job(job.job_id)
     assert stored is not None and stored.next_fire_at == T0 + timedelta(minutes=65)
+
+
+def test_a_tick_claims_many_jobs_at_once_each_exactly_once_and_isolates_a_failing_one(
+    deps: Deps, clock, monkeypatch
+) -> None:
+    # Given 60 rate jobs (both shards), all due within the lookahead, and a tick 8 claims wide
+    assert deps.settings.claim_concurrency == 8
+    made = [_rate_job(deps, job_id=f"job-{i:02d}") for i in range(60)]
+    clock.advance(270)
+    # and one job whose claim fails (an unexpected error in its own claim)
+    real_claim = claims.claim
+    threads: set[str] = set()
+
+    def claim(job: Job, deps: Deps, **kw):  # type: ignore[no-untyped-def]
+        import threading
+
+        threads.add(threading.current_thread().name)
+        if job.job_id == "job-13":
+            raise RuntimeError("boom")
+        return real_claim(job, deps, **kw)
+
+    monkeypatch.setattr(claims, "claim", claim)
+    # When every shard ticks
+    results = [claims.tick(shard, deps) for shard in range(deps.settings.shard_count)]
+    # Then every other job has exactly one PENDING run at its first fire and one message, claimed on
+    # several threads; the failing job is counted and left due for the next tick
+    assert sum(r.claimed for r in results) == 59 and sum(r.errors for r in results) == 1
+    assert len(threads) > 1 and all(t.startswith("claim-") for t in threads)
+    for job in made:
+        runs = deps.store.list_runs(job.job_id)
+        if job.job_id == "job-13":
+            assert runs == [] and deps.store.get_job(job.job_id).next_fire_at == T0 + timedelta(minutes=5)
+        else:
+            assert [(r.state, r.due_at) for r in runs] == [(RunState.PENDING, T0 + timedelta(minutes=5))]
+    assert queue_counts(deps.settings.queue_url("small"))["delayed"] == 59
+    # And the next tick, the fault gone, claims only the one left
+    monkeypatch.setattr(claims, "claim", real_claim)
+    again = [claims.tick(shard, deps) for shard in range(deps.settings.shard_count)]
+    assert sum(r.claimed for r in again) == 1 and sum(r.already_claimed for r in again) == 0

@@ -586,6 +586,9 @@ class Simulation:
                 shard_count=self.cfg.shards,
                 tick_period_seconds=self.cfg.tick_period,
                 tick_margin_seconds=self.cfg.tick_margin,
+                # a tick's claims in one thread: the scheduler interleaves only its own actors' threads;
+                # concurrent claims of one shard are the ticks and the lease-less rogue tick racing
+                claim_concurrency=1,
                 lease_seconds=self.cfg.lease,
                 heartbeat_seconds=self.cfg.heartbeat,
                 pending_grace_seconds=self.cfg.grace,

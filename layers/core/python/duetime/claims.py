@@ -9,6 +9,7 @@ advances) or by the sweeper (a PENDING run past due + grace is re-sent).
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -272,8 +273,10 @@ def tick(shard: int, deps: Deps, *, owner: str | None = None) -> TickResult:
 
     The tick first takes the shard's lease (one tick per shard at a time; a dead tick's lease lapses after
     one tick period); if another tick holds it, this one does nothing (``result.busy``). Correctness never
-    depends on the lease: every claim is conditional. One failing job never stops the others: its error is
-    logged and counted, and the next tick retries it.
+    depends on the lease: every claim is conditional. Up to ``settings.claim_concurrency`` jobs are claimed
+    at once (threads; claims of different jobs touch different items, and two claims of one job race only
+    on conditional writes, as two ticks would). One failing job never stops the others: its error is logged
+    and counted, and the next tick retries it.
     """
     now = deps.clock.now()
     until = now + timedelta(seconds=deps.settings.tick_lookahead_seconds)
@@ -284,6 +287,44 @@ def tick(shard: int, deps: Deps, *, owner: str | None = None) -> TickResult:
     ):
         result.busy = True
         return result
+
+    def claim_one(job: Job) -> list[ClaimResult] | None:
+        try:
+            return claim_until(job, deps, until)
+        except Exception:  # noqa: BLE001 - isolate one job's fault from the shard
+            logger.exception("claim failed", extra={"job_id": job.job_id, "shard": shard})
+            return None
+
+    def add(outcomes: list[ClaimResult] | None) -> None:
+        if outcomes is None:
+            result.errors += 1
+            return
+        for outcome in outcomes:
+            result.claimed += outcome.created
+            result.already_claimed += len(outcome.runs) - outcome.created
+            result.missed += outcome.missed
+            result.run_ids.extend(r.run_id for r in outcome.runs)
+            result.not_advanced += 0 if outcome.advanced else 1
+
+    width = deps.settings.claim_concurrency
+    try:
+        if width == 1:
+            for job in deps.store.query_due(shard, until):
+                add(claim_one(job))
+        else:
+            with ThreadPoolExecutor(max_workers=width, thread_name_prefix=f"claim-{shard}") as pool:
+                pending: set[Future[list[ClaimResult] | None]] = set()
+                for job in deps.store.query_due(shard, until):
+                    if len(pending) >= 2 * width:  # bounded: the due index may hold many pages
+                        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                        for future in done:
+                            add(future.result())
+                    pending.add(pool.submit(claim_one, job))
+                for future in pending:
+                    add(future.result())
+    finally:
+        deps.store.release_shard_lease(shard, owner=me, now=deps.clock.now())
+    return result
     try:
         for job in deps.store.query_due(shard, until):
             try:

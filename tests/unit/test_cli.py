@@ -64,3 +64,27 @@ def test_every_real_system_crontab_dry_runs(tmp_path: Path) -> None:
         result = runner.invoke(app, ["import", "crontab", str(path), "--system", "--dry-run"])
         assert result.exit_code == 0, (path.name, result.output)
         assert "(as root)" in result.stdout or "(as munin)" in result.stdout, path.name
+
+
+def test_api_and_token_given_before_the_command_apply_to_it(monkeypatch) -> None:
+    # port 9 (discard) is closed on loopback: the command must try the URL given before it
+    monkeypatch.delenv("DUETIME_API_URL", raising=False)
+    result = runner.invoke(app, ["--api", "http://127.0.0.1:9", "jobs", "list"])
+    assert result.exit_code == 4
+    assert "cannot reach http://127.0.0.1:9" in result.stderr
+
+
+def test_long_ids_fold_in_a_narrow_table_instead_of_being_cut() -> None:
+    from rich.console import Console
+
+    from duetime.cli_api import _job_table
+
+    job_id = "nightly-report-for-the-finance-team-" + "x" * 28
+    table = _job_table(
+        [{"job_id": job_id, "name": "n", "state": "ACTIVE", "schedule": None, "next_fire_at": None}]
+    )
+    console = Console(width=80, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert "…" not in text
+    assert job_id in "".join(line.split("│")[1].strip() for line in text.splitlines() if "│" in line)

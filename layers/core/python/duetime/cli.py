@@ -17,6 +17,25 @@ from duetime import cli_api
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Duetime: a distributed job scheduler.")
 
 
+@app.callback()
+def _global_options(
+    api: Annotated[
+        str | None,
+        typer.Option("--api", help="API URL for every API command (same as $DUETIME_API_URL)"),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option("--token", help="bearer token for every API command (same as $DUETIME_TOKEN)"),
+    ] = None,
+) -> None:
+    """Options given before the command (`duetime --api URL jobs list`) apply to it as the environment
+    variables would; a command's own `--api`/`--token` still win."""
+    if api:
+        os.environ["DUETIME_API_URL"] = api
+    if token:
+        os.environ["DUETIME_TOKEN"] = token
+
+
 @app.command()
 def local(
     api_port: Annotated[int, typer.Option(help="HTTP port of the API (0 = any free port)")] = 8765,

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from duetime.client import ApiError, Client
 
@@ -49,8 +49,13 @@ def _show(data: Any, as_json: bool, table: Table | None = None) -> None:
         _out.print(table)
 
 
+def _id(header: str) -> Column:
+    """An id column: on a narrow terminal the id folds onto more lines, never cut short (ids are copied)."""
+    return Column(header, overflow="fold", min_width=12)
+
+
 def _job_table(found: list[dict[str, Any]]) -> Table:
-    table = Table("job_id", "name", "state", "schedule", "next fire (UTC)", "last run")
+    table = Table(_id("job_id"), "name", "state", "schedule", "next fire (UTC)", "last run")
     for j in found:
         sched = j.get("schedule") or {}
         last = j.get("last_run") or {}
@@ -66,7 +71,7 @@ def _job_table(found: list[dict[str, Any]]) -> Table:
 
 
 def _run_table(found: list[dict[str, Any]]) -> Table:
-    table = Table("run_id", "due (UTC)", "state", "attempt", "exit", "lag s", "trigger")
+    table = Table(_id("run_id"), "due (UTC)", "state", "attempt", "exit", "lag s", "trigger")
     for r in found:
         table.add_row(
             r["run_id"],

@@ -831,3 +831,18 @@ def test_a_two_hour_gap_is_still_made_up_for() -> None:
         iso("2026-03-29T03:00:00+02:00"),
         iso("2026-03-30T01:30:00+02:00"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("expression", "first"),
+    [
+        ("cron(0 0 1 1 ? 2150)", datetime(2150, 1, 1, tzinfo=UTC)),
+        ("cron(0 0 1 1 ? 2199)", datetime(2199, 1, 1, tzinfo=UTC)),
+        ("cron(0 12 ? * MON#5 2150)", datetime(2150, 3, 30, 12, tzinfo=UTC)),
+        ("cron(0 0 29 2 ? 2100-2199)", datetime(2104, 2, 29, tzinfo=UTC)),  # 2100 is not a leap year
+    ],
+)
+def test_an_explicit_far_year_is_found_however_far_ahead(expression: str, first: datetime) -> None:
+    schedule = parse_schedule(expression)
+    assert schedule.next_after(datetime(2026, 11, 29, tzinfo=UTC)) == first
+    assert schedule.next_after(first) is None or schedule.next_after(first) > first

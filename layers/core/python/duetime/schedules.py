@@ -660,9 +660,13 @@ class _CronRule(_Rule):
         zone = self.zone
         local = instant.astimezone(zone)
         wall = local.replace(tzinfo=None, fold=0)
-        last_year = min(wall.year + _SEARCH_YEARS, datetime.max.year - 1)
-        if self.years is not None:
-            last_year = min(last_year, self.years[-1])
+        # an explicit year field bounds the search by itself (the search jumps from listed year to listed
+        # year), so `cron(0 0 1 1 ? 2150)` is found; otherwise every pattern recurs within _SEARCH_YEARS
+        last_year = (
+            self.years[-1]
+            if self.years is not None
+            else min(wall.year + _SEARCH_YEARS, datetime.max.year - 1)
+        )
         fallback: tuple[datetime, timedelta, timedelta] | None = None  # (transition, before, after)
         start = wall.replace(second=0, microsecond=0) + _MINUTE
         if local.fold == 1:

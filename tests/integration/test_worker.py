@@ -223,3 +223,50 @@ def test_starting_a_first_attempt_publishes_its_schedule_lag(deps: Deps, clock, 
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"ScheduleLag"' in line]
     assert len(records) == 1 and records[0]["ScheduleLag"] in (2.5, [2.5])
     assert records[0]["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "Duetime"
+
+
+def _stop_while_running(worker: Worker) -> None:
+    """Run one message on ``worker`` and tell the worker to stop (SIGTERM's effect) once the task started."""
+    import threading
+
+    stopper = threading.Timer(0.7, worker.stop)
+    stopper.start()
+    try:
+        worker.poll_once(wait_seconds=2)
+    finally:
+        stopper.cancel()
+        worker.stopping.clear()
+
+
+def test_a_worker_told_to_stop_hands_its_run_back_without_using_up_an_attempt(deps: Deps) -> None:
+    # Given a job allowed ONE attempt (no retry), whose task runs for a while
+    job_id = _submit(deps, ["sh", "-c", "echo begun; sleep 5; echo done"], retry=RetryPolicy(max_attempts=1))
+    worker = Worker(deps, "small", owner="w1")
+    # When its worker is told to stop (a deploy, a scale-in) while the task runs
+    _stop_while_running(worker)
+    # Then the attempt is recorded as interrupted, the run is not dead-lettered but waits to run again now,
+    # and its budget grew by the interrupted attempt
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.dead_lettered, run.max_attempts) == (RunState.RETRY_WAIT, False, 2)
+    assert [(a.attempt, a.state, a.reason) for a in run.attempts] == [(1, RunState.FAILED, "worker_stopped")]
+    assert run.retry_at == run.attempts[0].finished_at
+    # And another worker runs it to the end as attempt 2 from the wake-up sent at once
+    assert Worker(deps, "small", owner="w2").poll_once(wait_seconds=2) == 1
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.attempt) == (RunState.SUCCEEDED, 2)
+
+
+def test_past_five_interruptions_a_stop_counts_as_a_failed_attempt(deps: Deps) -> None:
+    # Given a run interrupted by five worker stops already (each given back for free)
+    job_id = _submit(deps, ["sh", "-c", "sleep 5"], retry=RetryPolicy(max_attempts=1))
+    worker = Worker(deps, "small", owner="w1")
+    for _ in range(runs.MAX_FREE_INTERRUPTIONS):
+        _stop_while_running(worker)
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.attempt, run.max_attempts) == (RunState.RETRY_WAIT, 5, 6)
+    # When a sixth stop interrupts it
+    _stop_while_running(worker)
+    # Then that one counts: the run is out of attempts and dead-lettered, saying why
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.dead_lettered, run.attempt, run.max_attempts) == (RunState.FAILED, True, 6, 6)
+    assert [a.reason for a in run.attempts] == ["worker_stopped"] * 6

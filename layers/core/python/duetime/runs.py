@@ -378,6 +378,12 @@ def send_retry_wake_up(run: Run, deps: Deps) -> None:
         deps.queues.send(run.task.tier, message_for(run, attempt=run.attempt + 1), delay=delay)
 
 
+#: the attempt reason a worker records when it was told to stop (SIGTERM) and stopped its task
+INTERRUPTED_REASON = "worker_stopped"
+#: interrupted attempts of one run that do not count against its max_attempts
+MAX_FREE_INTERRUPTIONS = 5
+
+
 def _attempt_end_update(
     run: Run,
     deps: Deps,
@@ -415,8 +421,19 @@ def _attempt_end_update(
     )
     if outcome is RunState.TIMED_OUT:
         upd.sets["timeout_action"] = run.on_timeout.action
-    if retryable and run.attempt < run.max_attempts:
-        delay = backoff_delay(run.retry, run.attempt)
+    # an attempt its worker was told to stop (SIGTERM: a deploy, a scale-in, a stack restart) did not fail:
+    # it goes back at once without using up an attempt (Kubernetes' podFailurePolicy `Ignore` for
+    # DisruptionTarget), at most MAX_FREE_INTERRUPTIONS times per run; after that it counts as a failure
+    free = (
+        outcome is RunState.FAILED
+        and reason == INTERRUPTED_REASON
+        and sum(1 for a in run.attempts if a.reason == INTERRUPTED_REASON) < MAX_FREE_INTERRUPTIONS
+    )
+    max_attempts = run.max_attempts + 1 if free else run.max_attempts
+    if retryable and run.attempt < max_attempts:
+        delay = 0.0 if free else backoff_delay(run.retry, run.attempt)
+        if free:
+            upd.sets["max_attempts"] = max_attempts
         retry_at = now + timedelta(seconds=delay)
         # a delayed message wakes the retry up directly; the sweeper is the backstop one grace period later
         backstop = deps.settings.pending_grace_seconds if delay <= SQS_MAX_DELAY_SECONDS else 0.0

@@ -30,7 +30,7 @@ from duetime.models import ContainerTask, Run, RunState
 from duetime.observability import logger
 from duetime.queue import ReceivedMessage
 from duetime.resources import QUEUE_VISIBILITY_SECONDS
-from duetime.runs import finish, heartbeat, start
+from duetime.runs import INTERRUPTED_REASON, finish, heartbeat, start
 from duetime.timeutil import to_iso
 
 #: Largest log uploaded per attempt, bytes; longer output keeps its head and tail.
@@ -186,7 +186,7 @@ class Worker:
         else:
             state, reason = (
                 RunState.FAILED,
-                "worker_stopped" if outcome.error == "worker stopped" else "exit_code",
+                INTERRUPTED_REASON if outcome.error == "worker stopped" else "exit_code",
             )
             error = outcome.error or f"exit code {outcome.exit_code}"
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -144,6 +145,49 @@ def test_sigterm_stops_every_process_the_stack_started(tmp_path) -> None:
         assert sock.connect_ex(("127.0.0.1", port)) != 0, "moto's server is still listening"
     children = os.popen(f"pgrep -g {s.proc.pid}").read().split()
     assert children == []
+
+
+def test_a_sigkilled_stack_takes_moto_its_workers_and_their_tasks_with_it(tmp_path) -> None:
+    import socket
+
+    # Given a stack whose one small worker runs a long task (a sleep with a marker duration)
+    s = start_stack(tmp_path, "--tick-seconds", "1", "--workers", "1")
+    try:
+        port = int(
+            json.loads((tmp_path / ".duetime" / "local.json").read_text())["aws_endpoint"].rsplit(":")[-1]
+        )
+        _, job = s.request("POST", "/jobs", _job(["sleep", "97.25"]))
+        [run] = s.wait_run(job["job_id"], {"RUNNING"}, timeout=20)
+        worker = int(run["lease_owner"].split(":")[1])
+        task = [int(p) for p in os.popen("pgrep -f 'sleep 97.25'").read().split()]
+        assert task
+        # When `duetime local` is killed with SIGKILL (no cleanup of its own can run)
+        os.kill(s.proc.pid, signal.SIGKILL)
+        s.proc.wait(timeout=10)
+        # Then its children follow it: moto's server stops listening, the worker exits, the task is killed
+        deadline = time.monotonic() + 20
+        alive = {"moto": True, "worker": True, "task": True}
+        while time.monotonic() < deadline and any(alive.values()):
+            with socket.socket() as sock:
+                alive["moto"] = sock.connect_ex(("127.0.0.1", port)) == 0
+            alive["worker"] = _alive(worker)
+            alive["task"] = any(_alive(p) for p in task)
+            time.sleep(0.3)
+        assert not any(alive.values()), alive
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(s.proc.pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by init) counts as gone
+    with contextlib.suppress(OSError):
+        return "Z" not in open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0]
+    return False
 
 
 def test_a_crontab_imports_as_jobs_that_run_with_its_env_and_stdin(stack: Stack, tmp_path) -> None:

@@ -164,6 +164,9 @@ def worker(
     w = Worker(default_deps(), tier)
     signal.signal(signal.SIGTERM, lambda *_: w.stop())
     signal.signal(signal.SIGINT, lambda *_: w.stop())
+    from duetime.local.lifeline import die_with_parent
+
+    die_with_parent()  # a worker of `duetime local` stops (SIGTERM) when the stack dies, even by SIGKILL
     w.run_forever()
 
 

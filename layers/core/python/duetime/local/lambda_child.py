@@ -79,6 +79,9 @@ def invoke(spec: str, event: Any, context: LocalContext) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    from duetime.local.lifeline import die_with_parent
+
+    die_with_parent()  # a function still running when `duetime local` is SIGKILLed ends with it
     spec, result_file = argv[1], Path(argv[2])
     event = json.loads(sys.stdin.buffer.read() or b"null")
     outcome = invoke(spec, event, LocalContext())

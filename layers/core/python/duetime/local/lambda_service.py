@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from duetime import aws
+from duetime.local import lifeline
 from duetime.logs import S3Logs, log_key
 from duetime.models import MAX_LAMBDA_TIMEOUT_SECONDS, function_name_of
 
@@ -290,6 +291,7 @@ class LocalLambda:
             AWS_LAMBDA_LOG_GROUP_NAME=f"/aws/lambda/{invocation.function}",
             DUETIME_LAMBDA_REQUEST_ID=invocation.request_id,
             _HANDLER=invocation.handler,
+            **lifeline.child_env(),
         )
         with tempfile.TemporaryDirectory(prefix="duetime-lambda-") as tmp, tempfile.TemporaryFile() as out:
             result_file = Path(tmp) / "result.json"

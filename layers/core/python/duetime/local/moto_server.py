@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from duetime.local.lifeline import die_with_parent
+
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = a free port")
     args = parser.parse_args(argv)
+    die_with_parent()  # started by `duetime local`: stop with it, even if it is SIGKILLed
 
     from moto.moto_server.werkzeug_app import MotoRequestHandler
     from werkzeug.serving import make_server

@@ -33,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from duetime.local import lifeline
 from duetime.resources import ResourceNames, create_all
 from duetime.settings import CONTAINER_TIERS, Settings, get_settings, settings_to_env
 
@@ -169,6 +170,7 @@ class LocalStack:
             return
         self._moto = subprocess.Popen(
             [sys.executable, "-m", "duetime.local.moto_server", "--host", "127.0.0.1", "--port", "0"],
+            env={**os.environ, **lifeline.child_env()},
             stdout=subprocess.PIPE,
             stderr=None if self.options.verbose else subprocess.DEVNULL,
             text=True,
@@ -289,6 +291,7 @@ class LocalStack:
             env={
                 **os.environ,
                 **self.env,
+                **lifeline.child_env(),
                 "DUETIME_WORKER_ECHO": "1",
                 "DUETIME_WORKER_STATE_DIR": str(self._worker_dir()),
             },

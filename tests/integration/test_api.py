@@ -49,6 +49,52 @@ def test_a_run_now_job_runs_and_its_run_and_logs_are_readable(api: ModuleType, d
     assert text.strip() == f"hello {run['run_id']}"
 
 
+def test_a_retried_runs_lag_is_its_first_attempts_start_minus_its_due_time(
+    api: ModuleType, deps, clock
+) -> None:
+    # Given a run-now job (due 12:00:00) that fails its first attempt and gets a 1 s backoff
+    body = {
+        **HELLO,
+        "schedule": None,
+        "task": {"kind": "container", "command": ["sh", "-c", 'test "$DUETIME_ATTEMPT" = 2']},
+        "retry": {"max_attempts": 2, "backoff_seconds": 1, "jitter": "none"},
+    }
+    _, job, _ = call(api, "POST", "/jobs", body)
+    [run] = call(api, "GET", f"/jobs/{job['job_id']}/runs")[1]["runs"]
+    assert run["lag_seconds"] is None  # not started yet
+    worker = Worker(deps, "small", owner="w1")
+    # When attempt 1 starts 0.04 s after the due time and fails
+    clock.advance(0.04)
+    assert worker.poll_once() == 1
+    # And attempt 2 starts 44.9 s after the due time and succeeds
+    clock.advance(44.86)
+    assert worker.poll_once(wait_seconds=5) == 1
+    # Then the run's lag is still its schedule lag, 0.04 s: retries do not make it late
+    status, got, _ = call(api, "GET", f"/runs/{run['run_id']}")
+    assert status == 200, got
+    assert (got["state"], got["attempt"], got["started_at"]) == ("SUCCEEDED", 2, "2026-11-29T12:00:44.900Z")
+    assert got["lag_seconds"] == 0.04
+    # And the job's run listing says the same
+    [listed] = call(api, "GET", f"/jobs/{job['job_id']}/runs")[1]["runs"]
+    assert listed["lag_seconds"] == 0.04
+
+
+def test_a_first_attempt_still_running_shows_its_lag(api: ModuleType, deps, clock) -> None:
+    # Given a run-now job whose first attempt starts 2.5 s after its due time and is still running
+    from duetime import runs
+    from duetime.models import RunMessage
+
+    _, job, _ = call(api, "POST", "/jobs", {**HELLO, "schedule": None})
+    [pending] = deps.store.list_runs(job["job_id"])
+    clock.advance(2.5)
+    runs.start(RunMessage(job_id=job["job_id"], due_at=pending.due_at, attempt=1), deps, owner="w1")
+    # When the run is read (attempt 1 has no record in the history yet)
+    status, got, _ = call(api, "GET", f"/runs/{pending.run_id}")
+    # Then its lag is that attempt's start minus the due time
+    assert status == 200 and (got["state"], got["attempts"]) == ("RUNNING", [])
+    assert got["lag_seconds"] == 2.5
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

@@ -219,7 +219,10 @@ class RunResponse(BaseModel):
     dead_lettered: bool
     dead_lettered_at: Instant | None
     missed_slots: int
-    lag_seconds: float | None = Field(description="started_at - due_at of the current attempt, seconds")
+    lag_seconds: float | None = Field(
+        description="schedule lag, seconds: when the run's first attempt started minus `due_at` (retries do "
+        "not change it; null until the run starts)"
+    )
     attempts: list[AttemptRecord]
     events: list[RunEvent]
 
@@ -238,10 +241,20 @@ class RunResponse(BaseModel):
             }
         )
         data["run_id"] = run.run_id
-        data["lag_seconds"] = (
-            round((run.started_at - run.due_at).total_seconds(), 3) if run.started_at is not None else None
-        )
+        data["lag_seconds"] = schedule_lag(run)
         return cls.model_validate(data)
+
+
+def schedule_lag(run: Run) -> float | None:
+    """How late the run started, seconds: its first attempt's start minus its due time (the "on time"
+    promise, as the ``ScheduleLag`` metric counts it), from attempt 1's record in the run's history.
+
+    While attempt 1 is still running it has no record yet, and a run whose history lacks it has only its
+    current attempt's start: then the current ``started_at`` is used (None before any start).
+    """
+    first = next((a for a in run.attempts if a.attempt == 1 and a.started_at is not None), None)
+    started = first.started_at if first is not None else run.started_at
+    return round((started - run.due_at).total_seconds(), 3) if started is not None else None
 
 
 class RunListResponse(BaseModel):

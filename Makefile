@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# `make run` needs only the runtime and moto's server (a fresh machine starts the stack sooner)
+LOCAL_STAMP := $(VENV)/.installed-local
 
 .PHONY: fuzz run test test-unit test-integration test-e2e lint format typecheck clean synth lint-infra bench bench-quick faults
 
@@ -10,10 +12,16 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[local,dev,cdk]'
-	touch $(STAMP)
+	touch $(STAMP) $(LOCAL_STAMP)
+
+$(LOCAL_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[local]'
+	touch $(LOCAL_STAMP)
 
 ## the local stack with demo jobs (Ctrl-C stops it); ARGS="--tick-seconds 5" to pass options
-run: $(STAMP)
+run: $(LOCAL_STAMP)
 	$(VENV)/bin/duetime local $(ARGS)
 
 ## the whole suite: unit, integration (moto in-process), end-to-end (the real local stack), and the fault

@@ -428,11 +428,17 @@ def get_run_logs(run_id: str, attempt: Annotated[int | None, Query(ge=1)] = None
 
 
 @app.get(
-    "/dead-letters", responses=ok(200, RunListResponse, "Dead-lettered runs, newest first") | errors(400)
+    "/dead-letters",
+    responses=ok(200, RunListResponse, "A page of dead-lettered runs, newest first") | errors(400),
 )
-def list_dead_letters(limit: Annotated[int, Query(ge=1, le=100)] = 20) -> RunListResponse:
-    runs = jobs.list_dead_letters(tenant=current_tenant(), deps=default_deps(), limit=limit)
-    return RunListResponse(runs=[RunResponse.of(r) for r in runs])
+def list_dead_letters(
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    next_token: Annotated[str | None, Query(max_length=2048)] = None,
+) -> RunListResponse:
+    found, token = jobs.list_dead_letters(
+        tenant=current_tenant(), deps=default_deps(), limit=limit, next_token=next_token
+    )
+    return RunListResponse(runs=[RunResponse.of(r) for r in found], next_token=token)
 
 
 @app.post(

@@ -249,6 +249,48 @@ def test_a_dead_lettered_run_is_listed_and_can_be_retried(api: ModuleType, deps)
     assert [(a["attempt"], a["exit_code"]) for a in attempts] == [(1, 4), (2, 4)]
 
 
+def test_dead_letters_page_newest_first_with_tokens_bound_to_the_tenant(api: ModuleType, deps, clock) -> None:
+    # Given alice has 5 runs dead-lettered one second apart, and bob has one
+    failing = {
+        **HELLO,
+        "schedule": None,
+        "task": {"kind": "container", "command": ["sh", "-c", "exit 4"]},
+        "retry": {"max_attempts": 1},
+    }
+    worker = Worker(deps, "small", owner="w1")
+    alices = []
+    for i in range(5):
+        clock.advance(1)
+        _, job, _ = call(api, "POST", "/jobs", {**failing, "name": f"fails-{i}"}, tenant="alice")
+        alices.append(job["job_id"])
+        assert worker.poll_once() == 1
+    call(api, "POST", "/jobs", failing, tenant="bob")
+    assert worker.poll_once() == 1
+    # When alice pages through her dead letters two at a time
+    seen: list[str] = []
+    tokens: list[str | None] = [None]
+    while True:
+        query = {"limit": "2"} | ({"next_token": tokens[-1]} if tokens[-1] else {})
+        status, page, _ = call(api, "GET", "/dead-letters", query=query, tenant="alice")
+        assert status == 200, page
+        assert len(page["runs"]) <= 2 and all(r["dead_lettered"] for r in page["runs"])
+        seen += [r["job_id"] for r in page["runs"]]
+        tokens.append(page["next_token"])
+        if page["next_token"] is None:
+            break
+    # Then she sees each of hers once, most recently dead-lettered first, in 3 pages, the last without a token
+    assert seen == list(reversed(alices)) and len(tokens) == 4
+    first_token = tokens[1]
+    # And a token that is not one the list issued, or is alice's, is a 400 naming next_token for bob
+    for forged in ("garbage", first_token):
+        status, body, _ = call(api, "GET", "/dead-letters", query={"next_token": forged}, tenant="bob")
+        assert status == 400, body
+        assert body["error"]["field"] == "next_token"
+    # While alice's own token still gives her the rest
+    status, rest, _ = call(api, "GET", "/dead-letters", query={"next_token": first_token}, tenant="alice")
+    assert status == 200 and [r["job_id"] for r in rest["runs"]] == list(reversed(alices))[2:]
+
+
 def test_schedule_preview_lists_fire_times_in_utc_and_local_time(api: ModuleType) -> None:
     status, body, _ = call(
         api,

@@ -259,7 +259,7 @@ def schedule_lag(run: Run) -> float | None:
 
 class RunListResponse(BaseModel):
     runs: list[RunResponse]
-    next_token: str | None = None
+    next_token: str | None = Field(description="pass as next_token for the next page; null on the last")
 
 
 class ErrorBody(BaseModel):

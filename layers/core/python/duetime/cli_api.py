@@ -371,11 +371,14 @@ def runs_retry(
 
 def dead_letters(
     limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    next_token: Annotated[str | None, typer.Option(help="the page after a previous listing")] = None,
     api: Api = None,
     token: Token = None,
     sigv4: SigV4 = False,
     as_json: AsJson = False,
 ) -> None:
     """Runs that exhausted their attempts, newest first."""
-    page = _call(api, token, sigv4, "GET", "/dead-letters", query={"limit": limit})
+    page = _call(api, token, sigv4, "GET", "/dead-letters", query={"limit": limit, "next_token": next_token})
     _show(page, as_json, _run_table(page["runs"]))
+    if not as_json and page.get("next_token"):
+        typer.echo(f"more: --next-token {page['next_token']}")

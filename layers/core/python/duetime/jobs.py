@@ -33,7 +33,13 @@ from duetime.models import (
     Trigger,
     parse_run_id,
 )
-from duetime.resources import ACTIVE_INDEX_PK, DEAD_LETTER_INDEX_PK
+from duetime.resources import (
+    ACTIVE_INDEX_PK,
+    DEAD_LETTER_INDEX_PK,
+    DEAD_LETTER_INDEX_SK,
+    RUNS_PK,
+    RUNS_SK,
+)
 from duetime.runs import cancel, message_for
 from duetime.schedules import DstPolicy, parse_schedule
 from duetime.store import ConditionFailedError, Update
@@ -188,9 +194,22 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
     return data.decode("utf-8", errors="replace") if data is not None else ""
 
 
-def list_dead_letters(*, tenant: str, deps: Deps, limit: int = 20) -> list[Run]:
-    """The caller's dead-lettered runs (FAILED after their last attempt), most recently dead-lettered first."""
-    return deps.store.query_dead_letters(tenant, limit=limit)
+def list_dead_letters(
+    *, tenant: str, deps: Deps, limit: int = 20, next_token: str | None = None
+) -> tuple[list[Run], str | None]:
+    """The caller's dead-lettered runs (FAILED after their last attempt), most recently dead-lettered first,
+    and the next page's token (bound to the tenant: one tenant cannot page through another's).
+
+    Raises:
+        RequestFieldError: ``next_token`` is not a token of this tenant's dead-letter list.
+    """
+    start = decode_token(
+        next_token,
+        expected=(RUNS_PK, RUNS_SK, DEAD_LETTER_INDEX_PK, DEAD_LETTER_INDEX_SK),
+        must_match={DEAD_LETTER_INDEX_PK: tenant},
+    )
+    found, key = deps.store.query_dead_letters(tenant, limit=limit, start_key=start)
+    return found, encode_token(key)
 
 
 def redrive(run_id: str, *, tenant: str, deps: Deps) -> Run:

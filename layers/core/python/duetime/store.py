@@ -37,6 +37,7 @@ from duetime.resources import (
     CREATED_AT_KEY,
     DEAD_LETTER_INDEX,
     DEAD_LETTER_INDEX_PK,
+    DEAD_LETTER_INDEX_SK,
     DUE_INDEX,
     DUE_INDEX_PK,
     DUE_INDEX_SK,
@@ -586,18 +587,26 @@ class DynamoStore:
         )
         return [from_iso(deserialize(i)[RUNS_SK]) for i in out.get("Items", [])]
 
-    def query_dead_letters(self, tenant: str, *, limit: int = 20) -> list[Run]:
-        """The tenant's dead-lettered runs, most recently dead-lettered first (dead-letters GSI)."""
-        out = self._ddb.query(
-            TableName=self.runs_table,
-            IndexName=DEAD_LETTER_INDEX,
-            KeyConditionExpression="#pk = :tenant",
-            ExpressionAttributeNames={"#pk": DEAD_LETTER_INDEX_PK},
-            ExpressionAttributeValues=serialize({":tenant": tenant}),
-            ScanIndexForward=False,
-            Limit=limit,
+    def query_dead_letters(
+        self, tenant: str, *, limit: int = 20, start_key: dict[str, Any] | None = None
+    ) -> tuple[list[Run], dict[str, Any] | None]:
+        """The tenant's dead-lettered runs, most recently dead-lettered first (dead-letters GSI); returns
+        (runs, key to continue from: None on the last page)."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.runs_table,
+            "IndexName": DEAD_LETTER_INDEX,
+            "KeyConditionExpression": "#pk = :tenant",
+            "ExpressionAttributeNames": {"#pk": DEAD_LETTER_INDEX_PK},
+            "ExpressionAttributeValues": serialize({":tenant": tenant}),
+            "ScanIndexForward": False,
+        }
+        return self._collect(
+            kwargs,
+            limit,
+            start_key,
+            run_from_item,
+            keys=(RUNS_PK, RUNS_SK, DEAD_LETTER_INDEX_PK, DEAD_LETTER_INDEX_SK),
         )
-        return [run_from_item(deserialize(i)) for i in out.get("Items", [])]
 
     def count_running(self, tenant: str) -> int:
         """How many of the tenant's runs are RUNNING (running-runs GSI; eventually consistent)."""

@@ -315,8 +315,31 @@ def test_schedule_preview_lists_fire_times_in_utc_and_local_time(api: ModuleType
 
 def test_schedule_preview_of_an_impossible_expression_is_a_400_saying_why(api: ModuleType) -> None:
     status, body, _ = call(api, "GET", "/schedules/preview", query={"expression": "0 0 30 2 *"})
-    assert status == 400 and body["error"]["field"] == "schedule.expression"
+    assert status == 400 and body["error"]["field"] == "expression"
     assert "never" in body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("query", "parameter", "saying"),
+    [
+        ({"expression": "bogus"}, "expression", "cron takes 5"),
+        ({"expression": "rate(0 minutes)"}, "expression", "at least 1"),
+        ({"expression": "rate(1 minute)", "timezone": "Mars/Olympus"}, "timezone", "unknown time zone"),
+        ({"expression": "rate(1 minute)", "timezone": ""}, "timezone", "empty"),
+        ({"expression": "rate(1 minute)", "count": "0"}, "count", ""),
+        ({"expression": "rate(1 minute)", "after": "2026-12-01T10:00:00"}, "after", "UTC offset"),
+    ],
+)
+def test_schedule_preview_errors_name_the_query_parameter(
+    api: ModuleType, query: dict[str, str], parameter: str, saying: str
+) -> None:
+    # Given a preview request with one bad query parameter
+    # When it is sent
+    status, body, _ = call(api, "GET", "/schedules/preview", query=query)
+    # Then the 400 names that parameter, as the caller wrote it (not a job body's schedule.* field)
+    assert status == 400, body
+    assert body["error"]["field"] == parameter
+    assert saying in body["error"]["message"]
 
 
 @pytest.mark.parametrize(

@@ -248,6 +248,10 @@ def redrive(run_id: str, *, tenant: str, deps: Deps) -> Run:
     return redriven
 
 
+#: the fields of a job body's schedule -> the preview's parameters of the same meaning
+_PREVIEW_PARAMETERS = {"schedule.expression": "expression", "schedule.timezone": "timezone"}
+
+
 def preview_schedule(
     expression: str,
     timezone: str,
@@ -260,10 +264,14 @@ def preview_schedule(
     """The next ``count`` fire times of an expression strictly after ``after`` (aware), with a description.
 
     Raises:
-        ScheduleError: the expression or zone is invalid or can never fire (naming the field).
+        ScheduleError: the expression or zone is invalid or can never fire; its field is the preview's own
+            parameter (``expression`` or ``timezone``), not a job body's ``schedule.*``.
     """
-    schedule = parse_schedule(expression, timezone, anchor=anchor, dst_policy=dst_policy)
-    fires = schedule.preview(after, count)
+    try:
+        schedule = parse_schedule(expression, timezone, anchor=anchor, dst_policy=dst_policy)
+        fires = schedule.preview(after, count)
+    except ScheduleError as exc:
+        raise ScheduleError(exc.message, _PREVIEW_PARAMETERS.get(exc.field, exc.field)) from None
     zone = ZoneInfo(schedule.timezone)
     return SchedulePreviewResponse(
         expression=schedule.expression,

@@ -199,6 +199,44 @@ def test_loose_or_unrunnable_values_are_refused(api: ModuleType, patch: dict, fi
     assert answer["error"]["field"] == field
 
 
+@pytest.mark.parametrize(
+    ("name", "code_point"),
+    [
+        ("nightly\u0000backup", "U+0000"),
+        ("bell\u0007", "U+0007"),
+        ("two\nlines", "U+000A"),
+        ("tab\there", "U+0009"),
+        ("\u001b[31mred", "U+001B"),
+        ("del\u007f", "U+007F"),
+        ("c1\u0085next-line", "U+0085"),
+    ],
+)
+def test_a_name_with_a_control_character_is_refused_naming_the_field(
+    api: ModuleType, deps, name: str, code_point: str
+) -> None:
+    # Given a job named with a control character
+    # When it is submitted
+    status, answer, _ = call(api, "POST", "/jobs", {**HELLO, "name": name})
+    # Then it is a 400 naming `name` and saying which character and why, and nothing was stored
+    assert status == 400, answer
+    assert answer["error"]["field"] == "name"
+    assert "control characters" in answer["error"]["message"] and code_point in answer["error"]["message"]
+    assert call(api, "GET", "/jobs")[1]["jobs"] == []
+    # And a PATCH cannot rename a job to it either
+    _, job, _ = call(api, "POST", "/jobs", HELLO)
+    status, answer, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", {"name": name})
+    assert status == 400 and answer["error"]["field"] == "name", answer
+    assert call(api, "GET", f"/jobs/{job['job_id']}")[1]["name"] == "hello"
+
+
+def test_a_name_may_hold_any_printable_unicode(api: ModuleType) -> None:
+    # Given a name with accents, CJK, an emoji and punctuation (and surrounding spaces, trimmed)
+    status, job, _ = call(api, "POST", "/jobs", {**HELLO, "name": "  Café 夜間 🚀 #1 (prod)/daily  "})
+    # Then it is accepted as written, without the surrounding spaces
+    assert status == 201, job
+    assert job["name"] == "Café 夜間 🚀 #1 (prod)/daily"
+
+
 def test_an_out_of_range_run_id_is_a_404(api: ModuleType) -> None:
     assert call(api, "GET", "/runs/cron5.99999999999999999999999")[0] == 404
     assert call(api, "GET", "/runs/job-x.9999999999999999/logs")[0] == 404

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -39,6 +41,26 @@ from duetime.models import (
 )
 
 
+def _no_control_characters(text: str) -> str:
+    """``text`` if it holds no control character (C0, DEL or C1: Unicode category Cc)."""
+    for index, char in enumerate(text):
+        if unicodedata.category(char) == "Cc":
+            raise ValueError(
+                f"must not contain control characters (U+{ord(char):04X} at character {index + 1}): "
+                "a name is a label shown in listings, logs and terminals"
+            )
+    return text
+
+
+#: A job's name: 1-128 characters after trimming surrounding whitespace, no control characters (a NUL, an
+#: escape sequence or a line break would corrupt listings, CLI tables and log lines).
+JobName = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=128),
+    AfterValidator(_no_control_characters),
+]
+
+
 def _lambda_timeout(timeout: int | None, info: ValidationInfo) -> int | None:
     """A Lambda task's timeout cannot exceed Lambda's own limit (900 s)."""
     task = info.data.get("task")
@@ -69,7 +91,7 @@ class CreateJobRequest(BaseModel):
     )
 
     job_id: JobId | None = Field(default=None, description="Your own id; generated when omitted")
-    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)]
+    name: JobName
     schedule: ScheduleSpec | None = None
     task: Task
     timeout_seconds: SInt = Field(
@@ -119,7 +141,7 @@ class UpdateJobRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)] | None = None
+    name: JobName | None = None
     schedule: SchedulePatch | None = None
     task: Task | None = None
     timeout_seconds: SInt | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)

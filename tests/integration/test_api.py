@@ -237,6 +237,39 @@ def test_a_name_may_hold_any_printable_unicode(api: ModuleType) -> None:
     assert job["name"] == "Café 夜間 🚀 #1 (prod)/daily"
 
 
+@pytest.mark.parametrize(
+    ("task", "field", "message"),
+    [
+        (
+            {"command": ["echo", "x" * 8193]},
+            "task.command.1",
+            "task.command.1: String should have at most 8192 characters",
+        ),
+        (
+            {"command": ["cat"], "stdin": "x" * 65537},
+            "task.stdin",
+            "task.stdin: String should have at most 65536 characters",
+        ),
+    ],
+)
+def test_a_string_over_its_length_limit_is_measured_in_characters(
+    api: ModuleType, task: dict, field: str, message: str
+) -> None:
+    # Given a task with one argument (or its stdin) one character over its limit
+    # When it is submitted
+    status, answer, _ = call(api, "POST", "/jobs", {**HELLO, "task": {"kind": "container", **task}})
+    # Then the 400 names that string and counts characters (not "items", as for a list)
+    assert status == 400, answer
+    assert (answer["error"]["field"], answer["error"]["message"]) == (field, message)
+
+
+def test_arguments_and_stdin_at_their_length_limits_are_accepted(api: ModuleType) -> None:
+    task = {"kind": "container", "command": ["echo", "x" * 8192], "stdin": "y" * 65536}
+    status, job, _ = call(api, "POST", "/jobs", {**HELLO, "task": task})
+    assert status == 201, job
+    assert len(job["task"]["command"][1]) == 8192 and len(job["task"]["stdin"]) == 65536
+
+
 def test_an_out_of_range_run_id_is_a_404(api: ModuleType) -> None:
     assert call(api, "GET", "/runs/cron5.99999999999999999999999")[0] == 404
     assert call(api, "GET", "/runs/job-x.9999999999999999/logs")[0] == 404

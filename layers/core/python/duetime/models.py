@@ -133,6 +133,12 @@ def _no_nul(text: str) -> str:
 
 #: a string handed to a process (argv element, environment value, stdin): no NUL characters
 ProcessText = Annotated[str, AfterValidator(_no_nul)]
+#: Longest argv element and stdin, characters. The length is checked on the string itself, before the NUL
+#: check: a length constraint placed after a validator is checked generically and speaks of "items".
+MAX_ARG_CHARS = 8192
+MAX_STDIN_CHARS = 65536
+Argument = Annotated[str, Field(max_length=MAX_ARG_CHARS), AfterValidator(_no_nul)]
+StdinText = Annotated[str, Field(max_length=MAX_STDIN_CHARS), AfterValidator(_no_nul)]
 
 #: Most bytes of command + env + stdin in one task: the task is copied into every run record, and a
 #: DynamoDB item holds at most 400 KB with its attempt history.
@@ -169,7 +175,7 @@ class ContainerTask(BaseModel):
 
     kind: Literal["container"] = "container"
     command: Annotated[
-        list[Annotated[ProcessText, Field(max_length=8192)]],
+        list[Argument],
         Field(min_length=1, max_length=256),
         AfterValidator(_no_empty_args),
     ] = Field(description="argv list", examples=[["sh", "-c", "echo hello $DUETIME_RUN_ID"]])
@@ -177,8 +183,8 @@ class ContainerTask(BaseModel):
         Field(default_factory=dict, description="extra environment variables for the task")
     )
     tier: Tier = Field(default="small", description="resource tier: which worker fleet runs it")
-    stdin: ProcessText | None = Field(
-        default=None, max_length=65536, description="text fed to the task's standard input (cron's `%` lines)"
+    stdin: StdinText | None = Field(
+        default=None, description="text fed to the task's standard input (cron's `%` lines)"
     )
 
     @model_validator(mode="after")

@@ -159,25 +159,137 @@ def test_runs_filter_by_state_and_due_window_and_page(api: ModuleType, deps, clo
     assert _runs(api, job["job_id"], state="SUCCEEDED") == []
 
 
-def test_a_patch_with_explicit_nulls_changes_nothing_and_keeps_the_job_readable(api: ModuleType) -> None:
+def test_a_patch_with_nulls_puts_fields_back_to_their_defaults_and_keeps_the_job_readable(
+    api: ModuleType,
+) -> None:
     # schemathesis found this: nulls for non-nullable fields once stored a broken job (500 on every read)
-    _, job, _ = call(api, "POST", "/jobs", {**EVERY_5, "starting_deadline_seconds": 60})
+    # Given a job whose every optional field differs from its default
+    body = {
+        **EVERY_5,
+        "timeout_seconds": 60,
+        "retry": {"max_attempts": 7, "jitter": "none"},
+        "on_timeout": {"action": "fail", "kill_grace_seconds": 2},
+        "catch_up": {"policy": "all", "max_runs": 5},
+        "overlap": {"policy": "skip"},
+        "starting_deadline_seconds": 60,
+    }
+    _, job, _ = call(api, "POST", "/jobs", body)
+    # When a PATCH sends null for each of them (JSON Merge Patch: null removes a field)
     nulls = {
-        "name": None,
         "timeout_seconds": None,
         "retry": None,
         "on_timeout": None,
         "catch_up": None,
         "overlap": None,
-        "task": None,
         "starting_deadline_seconds": None,
     }
     status, patched, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", nulls)
+    # Then each is back to what a POST without it gives, and the rest is untouched
     assert status == 200, patched
-    assert patched["name"] == "five" and patched["timeout_seconds"] == 3600
-    assert patched["starting_deadline_seconds"] is None  # the one nullable field: null removes the deadline
-    assert call(api, "GET", f"/jobs/{job['job_id']}")[0] == 200
-    assert call(api, "GET", "/jobs")[0] == 200
+    _, fresh, _ = call(api, "POST", "/jobs", EVERY_5)
+    for field in nulls:
+        assert patched[field] == fresh[field], field
+    assert patched["timeout_seconds"] == 3600 and patched["retry"]["max_attempts"] == 3
+    assert patched["starting_deadline_seconds"] is None
+    assert (patched["name"], patched["schedule"], patched["task"]) == (
+        job["name"],
+        job["schedule"],
+        job["task"],
+    )
+    # And the stored job reads back the same, alone and in the listing
+    status, got, _ = call(api, "GET", f"/jobs/{job['job_id']}")
+    assert status == 200 and got == patched
+    status, listed, _ = call(api, "GET", "/jobs")
+    assert status == 200 and job["job_id"] in [j["job_id"] for j in listed["jobs"]]
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"name": None}, "name"),
+        ({"task": None}, "task"),
+        ({"schedule": None}, "schedule"),
+        ({"schedule": {"expression": None}}, "schedule.expression"),
+        ({"retry": None, "name": None}, "name"),
+    ],
+)
+def test_a_patch_cannot_remove_a_field_that_has_no_default(api: ModuleType, patch: dict, field: str) -> None:
+    # Given a scheduled job
+    _, job, _ = call(api, "POST", "/jobs", {**EVERY_5, "retry": {"max_attempts": 7}})
+    # When a PATCH sends null for a field the job cannot be without
+    status, answer, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", patch)
+    # Then it is a 400 naming the field and saying it cannot be removed, and nothing changed
+    assert status == 400, answer
+    assert answer["error"]["field"] == field
+    assert "cannot be removed" in answer["error"]["message"]
+    status, got, _ = call(api, "GET", f"/jobs/{job['job_id']}")
+    assert status == 200 and (got["version"], got["retry"]) == (1, job["retry"])
+
+
+def test_a_null_inside_a_policy_or_schedule_resets_just_that_field(api: ModuleType) -> None:
+    # Given a job with a Berlin cron schedule, a start time and a tuned retry policy
+    body = {
+        **EVERY_5,
+        "schedule": {
+            "expression": "0 9 * * *",
+            "timezone": "Europe/Berlin",
+            "start_at": "2026-12-01T00:00:00Z",
+            "dst_policy": "skip",
+        },
+        "retry": {"max_attempts": 5, "backoff_seconds": 2, "jitter": "none"},
+        "overlap": {"policy": "allow", "max_concurrency": 2},
+    }
+    _, job, _ = call(api, "POST", "/jobs", body)
+    assert job["next_fire_at"] == "2026-12-01T08:00:00.000Z"
+    # When a PATCH nulls some fields inside them
+    patch = {
+        "schedule": {"timezone": None, "start_at": None, "dst_policy": None},
+        "retry": {"jitter": None, "backoff_seconds": None},
+        "overlap": {"max_concurrency": None},
+    }
+    status, patched, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", patch)
+    # Then just those fields are back to their defaults and the schedule is recomputed in UTC from now
+    assert status == 200, patched
+    assert patched["schedule"] == {
+        "expression": "0 9 * * *",
+        "timezone": "UTC",
+        "start_at": None,
+        "end_at": None,
+        "dst_policy": "shift",
+    }
+    assert patched["retry"] == {**job["retry"], "jitter": "equal", "backoff_seconds": 10.0}
+    assert patched["overlap"] == {"policy": "allow", "max_concurrency": None}
+    assert patched["next_fire_at"] == "2026-11-30T09:00:00.000Z"
+    assert call(api, "GET", f"/jobs/{job['job_id']}")[1] == patched
+
+
+def test_a_null_timeout_is_the_default_of_the_jobs_task_kind(api: ModuleType) -> None:
+    # Given a Lambda job with a 60 s timeout
+    lambda_job = {
+        "name": "fn",
+        "schedule": {"expression": "rate(1 hour)"},
+        "task": {"kind": "lambda", "function": "hello", "payload": {}},
+        "timeout_seconds": 60,
+    }
+    _, job, _ = call(api, "POST", "/jobs", lambda_job)
+    # When its timeout is removed, it is Lambda's limit, 900 s (not 3600 s, which a Lambda task cannot have)
+    status, patched, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", {"timeout_seconds": None})
+    assert status == 200 and patched["timeout_seconds"] == 900, patched
+    # And when it becomes a container task in the same PATCH, it is the container default, 3600 s
+    container = {"kind": "container", "command": ["true"]}
+    status, patched, _ = call(
+        api, "PATCH", f"/jobs/{job['job_id']}", {"task": container, "timeout_seconds": None}
+    )
+    assert status == 200 and (patched["task"]["kind"], patched["timeout_seconds"]) == ("container", 3600)
+
+
+def test_removing_the_schedule_of_a_run_once_job_changes_nothing(api: ModuleType) -> None:
+    # Given a run-once job (it has no schedule)
+    _, job, _ = call(api, "POST", "/jobs", {**EVERY_5, "schedule": None})
+    # When a PATCH removes its schedule, there is nothing to remove: the job stays as it was
+    status, patched, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", {"schedule": None})
+    assert status == 200, patched
+    assert (patched["schedule"], patched["state"]) == (None, job["state"])
 
 
 def test_patching_a_lambda_jobs_timeout_past_lambdas_limit_is_refused(api: ModuleType) -> None:

@@ -14,6 +14,7 @@ from pydantic import (
     JsonValue,
     StringConstraints,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -123,8 +124,35 @@ class CreateJobRequest(BaseModel):
     _timeout_fits_lambda = field_validator("timeout_seconds")(_lambda_timeout)
 
 
+def patch_model(model: type[BaseModel]) -> type[BaseModel]:
+    """``model``'s ``PATCH`` form: the same fields with the same constraints, each optional and nullable.
+
+    A field left out keeps the job's value; one sent as null goes back to ``model``'s default (JSON Merge
+    Patch, RFC 7396: null removes a member). The merged result is validated as ``model`` again, so the
+    model's own cross-field rules still hold.
+    """
+    fields: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        annotation: Any = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+        fields[name] = (annotation | None, Field(default=None, description=info.description))
+    return create_model(
+        f"{model.__name__}Patch",
+        __config__=ConfigDict(frozen=True, extra="forbid"),
+        __doc__=f"A partial `{model.__name__}` for `PATCH`: the fields sent replace the job's, the others "
+        "stay; null puts a field back to its default.",
+        **fields,
+    )
+
+
+RetryPolicyPatch = patch_model(RetryPolicy)
+OnTimeoutPatch = patch_model(OnTimeout)
+CatchUpPolicyPatch = patch_model(CatchUpPolicy)
+OverlapPolicyPatch = patch_model(OverlapPolicy)
+
+
 class SchedulePatch(BaseModel):
-    """A partial schedule for ``PATCH``: the fields sent replace the job's, the others stay."""
+    """A partial schedule for ``PATCH``: the fields sent replace the job's, the others stay; null puts
+    ``timezone``, ``dst_policy``, ``start_at`` or ``end_at`` back to its default (``expression`` has none)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -136,20 +164,30 @@ class SchedulePatch(BaseModel):
 
 
 class UpdateJobRequest(BaseModel):
-    """``PATCH /jobs/{job_id}`` body: the fields to change (others keep their values). A schedule change
-    recomputes ``next_fire_at`` from now and never fires a slot that was already claimed again."""
+    """``PATCH /jobs/{job_id}`` body, a JSON Merge Patch (RFC 7396): the fields to change, others keep
+    their values; ``schedule`` and the policies merge field by field, ``task`` is replaced whole. Null
+    removes a field, which puts it back to its default (what ``POST /jobs`` gives when it is left out);
+    ``name``, ``task``, a job's ``schedule`` and ``schedule.expression`` have no default and cannot be
+    removed (400). A schedule change recomputes ``next_fire_at`` from now and never fires a slot that was
+    already claimed again."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: JobName | None = None
-    schedule: SchedulePatch | None = None
-    task: Task | None = None
-    timeout_seconds: SInt | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
-    retry: RetryPolicy | None = None
-    on_timeout: OnTimeout | None = None
-    catch_up: CatchUpPolicy | None = None
-    overlap: OverlapPolicy | None = None
-    starting_deadline_seconds: SInt | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
+    name: JobName | None = Field(default=None, description="cannot be removed: null is a 400")
+    schedule: SchedulePatch | None = Field(
+        default=None, description="merged field by field; a job's schedule cannot be removed: null is a 400"
+    )
+    task: Task | None = Field(default=None, description="replaced whole; cannot be removed: null is a 400")
+    timeout_seconds: SInt | None = Field(
+        default=None, ge=1, le=MAX_TIMEOUT_SECONDS, description="null: the default, 3600 (900 for Lambda)"
+    )
+    retry: RetryPolicyPatch | None = Field(default=None, description="null: the default policy")  # type: ignore[valid-type]
+    on_timeout: OnTimeoutPatch | None = Field(default=None, description="null: the default policy")  # type: ignore[valid-type]
+    catch_up: CatchUpPolicyPatch | None = Field(default=None, description="null: the default policy")  # type: ignore[valid-type]
+    overlap: OverlapPolicyPatch | None = Field(default=None, description="null: the default policy")  # type: ignore[valid-type]
+    starting_deadline_seconds: SInt | None = Field(
+        default=None, ge=1, le=MAX_TIMEOUT_SECONDS, description="null: no deadline"
+    )
 
     _timeout_fits_lambda = field_validator("timeout_seconds")(_lambda_timeout)
 

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from duetime.api_models import CreateJobRequest, SchedulePreviewResponse, UpdateJobRequest
 from duetime.claims import claim_until, next_fire_after
@@ -25,11 +25,16 @@ from duetime.errors import (
 )
 from duetime.models import (
     MAX_LAMBDA_TIMEOUT_SECONDS,
+    CatchUpPolicy,
     Job,
     JobState,
     LambdaTask,
+    OnTimeout,
+    OverlapPolicy,
+    RetryPolicy,
     Run,
     RunState,
+    ScheduleSpec,
     Trigger,
     parse_run_id,
 )
@@ -386,19 +391,7 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
     job = get_job(job_id, tenant=tenant, deps=deps)
     if job.state is JobState.DELETED:
         raise ConflictError(f"job {job_id} is deleted")
-    # a field sent as null means "no change", except starting_deadline_seconds, where it removes the deadline;
-    # policies and the schedule merge field by field: only what was sent changes
-    changes = {
-        k: v
-        for k, v in request.model_dump(exclude_unset=True).items()
-        if v is not None or k in ("starting_deadline_seconds", "schedule")
-    }
-    if "schedule" in changes and changes["schedule"] is None:
-        raise RequestFieldError("schedule: a job's schedule can be changed but not removed", "schedule")
-    for name in ("schedule", "retry", "on_timeout", "catch_up", "overlap"):
-        current = getattr(job, name)
-        if name in changes and current is not None:
-            changes[name] = {**current.model_dump(), **changes[name]}
+    changes = merge_patch(job, request.model_dump(exclude_unset=True))
     now = truncate_ms(deps.clock.now())
     try:
         updated = Job.model_validate(
@@ -438,6 +431,71 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
             )
     deps.store.replace_job(updated, expected_version=job.version, expected_next_fire_at=job.next_fire_at)
     return _claim_due_now(updated, deps)
+
+
+#: fields of a job that merge field by field in a PATCH (the others are replaced whole), and their models
+_MERGED: dict[str, type[BaseModel]] = {
+    "schedule": ScheduleSpec,
+    "retry": RetryPolicy,
+    "on_timeout": OnTimeout,
+    "catch_up": CatchUpPolicy,
+    "overlap": OverlapPolicy,
+}
+
+
+def merge_patch(job: Job, patch: dict[str, Any]) -> dict[str, Any]:
+    """The job's fields a ``PATCH`` body changes, and their new values (JSON Merge Patch, RFC 7396).
+
+    A field left out keeps its value; ``schedule`` and the policies merge field by field, the others are
+    replaced. Null removes a field: it goes back to the default a ``POST /jobs`` without it would give
+    (``timeout_seconds``: 3600, 900 for a Lambda task; a policy: the default policy; a policy's field: that
+    field's default). A field without a default (``name``, ``task``, ``schedule.expression``) cannot be
+    removed, nor can a job's ``schedule`` (that would turn it into a run-once job); removing a schedule the
+    job does not have changes nothing.
+
+    Raises:
+        RequestFieldError: the patch removes a field that cannot be removed (naming it).
+    """
+    changes: dict[str, Any] = {}
+    for name, value in patch.items():
+        if value is None and name == "schedule":
+            if job.schedule is not None:
+                raise _cannot_remove("schedule", "a job's schedule can be changed, not removed")
+            continue
+        if value is None and CreateJobRequest.model_fields[name].is_required():
+            raise _cannot_remove(name, f"a job always has a {name}; send a new one to change it")
+        kind = (patch.get("task") or {}).get("kind", job.task.kind)
+        if value is None and name == "timeout_seconds" and kind == "lambda":
+            changes[name] = MAX_LAMBDA_TIMEOUT_SECONDS
+        elif value is None:
+            changes[name] = CreateJobRequest.model_fields[name].get_default(call_default_factory=True)
+        elif name in _MERGED:
+            current = getattr(job, name)
+            changes[name] = _merge_fields(
+                name, _MERGED[name], current.model_dump() if current is not None else {}, value
+            )
+        else:
+            changes[name] = value
+    return changes
+
+
+def _merge_fields(
+    name: str, model: type[BaseModel], current: dict[str, Any], sent: dict[str, Any]
+) -> dict[str, Any]:
+    """``current`` with the fields of ``sent``; a null one back to ``model``'s default for it."""
+    merged = dict(current)
+    for key, value in sent.items():
+        if value is not None:
+            merged[key] = value
+        elif model.model_fields[key].is_required():
+            raise _cannot_remove(f"{name}.{key}", "it has no default; send a new value to change it")
+        else:
+            merged[key] = model.model_fields[key].get_default(call_default_factory=True)
+    return merged
+
+
+def _cannot_remove(field: str, why: str) -> RequestFieldError:
+    return RequestFieldError(f"{field}: cannot be removed (null): {why}", field)
 
 
 def _claim_due_now(job: Job, deps: Deps) -> Job:

@@ -170,7 +170,9 @@ def test_overlap_cancel_previous_cancels_and_fences_the_active_run(deps: Deps, c
     cancelled = deps.store.get_run(job.job_id, running.due_at)
     assert cancelled is not None and cancelled.state is RunState.CANCELLED
     assert cancelled.fencing_token == running.fencing_token + 1
-    assert [(a.attempt, a.state, a.reason) for a in cancelled.attempts] == [(1, RunState.CANCELLED, "cancelled")]
+    assert [(a.attempt, a.state, a.reason) for a in cancelled.attempts] == [
+        (1, RunState.CANCELLED, "cancelled")
+    ]
     # the cancelled run's worker is told through the fence
     with pytest.raises(runs.LeaseLostError):
         runs.heartbeat(running, deps, fencing_token=running.fencing_token)

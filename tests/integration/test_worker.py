@@ -270,3 +270,21 @@ def test_past_five_interruptions_a_stop_counts_as_a_failed_attempt(deps: Deps) -
     [run] = deps.store.list_runs(job_id)
     assert (run.state, run.dead_lettered, run.attempt, run.max_attempts) == (RunState.FAILED, True, 6, 6)
     assert [a.reason for a in run.attempts] == ["worker_stopped"] * 6
+
+
+def test_interruptions_do_not_lengthen_the_backoff_of_the_next_real_failure(deps: Deps) -> None:
+    # Given a run interrupted twice by worker stops, whose command then fails (backoff 10 s x4, no jitter)
+    job_id = _submit(
+        deps,
+        ["sh", "-c", "sleep 1.5; exit 7"],
+        retry=RetryPolicy(max_attempts=2, backoff_seconds=10, jitter="none"),
+    )
+    worker = Worker(deps, "small", owner="w1")
+    _stop_while_running(worker)
+    _stop_while_running(worker)
+    # When attempt 3 (the first that really ran to its end) fails
+    assert worker.poll_once(wait_seconds=2) == 1
+    # Then it waits the first backoff (10 s), as a first failure does, not the third (160 s)
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.attempt, run.max_attempts) == (RunState.RETRY_WAIT, 3, 4)
+    assert (run.retry_at - run.attempts[-1].finished_at).total_seconds() == 10

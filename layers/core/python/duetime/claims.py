@@ -325,20 +325,3 @@ def tick(shard: int, deps: Deps, *, owner: str | None = None) -> TickResult:
     finally:
         deps.store.release_shard_lease(shard, owner=me, now=deps.clock.now())
     return result
-    try:
-        for job in deps.store.query_due(shard, until):
-            try:
-                outcomes = claim_until(job, deps, until)
-            except Exception:  # noqa: BLE001 - isolate one job's fault from the shard
-                logger.exception("claim failed", extra={"job_id": job.job_id, "shard": shard})
-                result.errors += 1
-                continue
-            for outcome in outcomes:
-                result.claimed += outcome.created
-                result.already_claimed += len(outcome.runs) - outcome.created
-                result.missed += outcome.missed
-                result.run_ids.extend(r.run_id for r in outcome.runs)
-                result.not_advanced += 0 if outcome.advanced else 1
-    finally:
-        deps.store.release_shard_lease(shard, owner=me, now=deps.clock.now())
-    return result

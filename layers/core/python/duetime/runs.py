@@ -424,14 +424,18 @@ def _attempt_end_update(
     # an attempt its worker was told to stop (SIGTERM: a deploy, a scale-in, a stack restart) did not fail:
     # it goes back at once without using up an attempt (Kubernetes' podFailurePolicy `Ignore` for
     # DisruptionTarget), at most MAX_FREE_INTERRUPTIONS times per run; after that it counts as a failure
+    interrupted_before = min(
+        MAX_FREE_INTERRUPTIONS, sum(1 for a in run.attempts if a.reason == INTERRUPTED_REASON)
+    )
     free = (
         outcome is RunState.FAILED
         and reason == INTERRUPTED_REASON
-        and sum(1 for a in run.attempts if a.reason == INTERRUPTED_REASON) < MAX_FREE_INTERRUPTIONS
+        and interrupted_before < MAX_FREE_INTERRUPTIONS
     )
     max_attempts = run.max_attempts + 1 if free else run.max_attempts
     if retryable and run.attempt < max_attempts:
-        delay = 0.0 if free else backoff_delay(run.retry, run.attempt)
+        # the backoff grows with the attempts that failed, not with those given back for free
+        delay = 0.0 if free else backoff_delay(run.retry, run.attempt - interrupted_before)
         if free:
             upd.sets["max_attempts"] = max_attempts
         retry_at = now + timedelta(seconds=delay)

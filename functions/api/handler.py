@@ -17,6 +17,7 @@ from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
+from botocore.retries.standard import ThrottledRetryableChecker
 from pydantic import BaseModel
 
 from duetime import __version__, idempotency, jobs
@@ -194,12 +195,16 @@ def _quota(exc: QuotaExceededError) -> Response[str]:
     return response
 
 
-#: botocore error codes of capacity refusals (after the SDK's own retries): the request changed nothing
+#: error codes of capacity refusals (after the SDK's own retries): botocore's standard retry mode's list
+#: (DynamoDB ProvisionedThroughputExceeded, SQS RequestThrottled, S3 SlowDown, ...), and a few of our own
 THROTTLING_CODES = frozenset(
     {
+        *getattr(ThrottledRetryableChecker, "_THROTTLED_ERROR_CODES", ()),
         "ProvisionedThroughputExceededException",
         "ThrottlingException",
         "RequestLimitExceeded",
+        "RequestThrottled",
+        "SlowDown",
         "Throttling",
         "TooManyRequestsException",
     }

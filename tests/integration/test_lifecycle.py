@@ -449,3 +449,62 @@ def test_a_throttled_aws_call_is_a_503_and_writes_nothing(api: ModuleType, deps,
     assert status == 503 and headers["retry-after"] == "1" and "PutItem" in body["error"]["message"]
     monkeypatch.setattr(deps.store._ddb, "put_item", real)
     assert call(api, "GET", "/jobs")[1]["jobs"] == []
+
+
+def _throttle(deps, monkeypatch, client_name: str, operation: str) -> list[str]:
+    """Make ``operation`` of the store's DynamoDB client or the queues' SQS client always throttled."""
+    from botocore.exceptions import ClientError
+
+    client = deps.store._ddb if client_name == "dynamodb" else deps.queues._sqs
+    refused: list[str] = []
+
+    def throttled(**kwargs):
+        refused.append(operation)
+        code = "RequestThrottled" if client_name == "sqs" else "ProvisionedThroughputExceededException"
+        raise ClientError({"Error": {"Code": code, "Message": "slow down"}}, operation)
+
+    monkeypatch.setattr(client, operation, throttled)
+    return refused
+
+
+def test_a_submit_whose_wake_up_is_throttled_is_accepted_once_and_its_run_still_runs_once(
+    api: ModuleType, deps, clock, monkeypatch
+) -> None:
+    from duetime.sweeper import sweep
+
+    # Given SQS refusing every send (throttled past the SDK's retries)
+    real_send = deps.queues._sqs.send_message
+    refused = _throttle(deps, monkeypatch, "sqs", "send_message")
+    # When a run-now job is submitted
+    status, job, _ = call(api, "POST", "/jobs", {**EVERY_5, "schedule": None})
+    # Then the submit took effect and says so (a 5xx would make the client submit a second job)
+    assert status == 201 and refused == ["send_message"]
+    assert [j["job_id"] for j in call(api, "GET", "/jobs")[1]["jobs"]] == [job["job_id"]]
+    [run] = deps.store.list_runs(job["job_id"])
+    assert run.state.value == "PENDING"
+    # And once SQS is back, the sweeper re-sends the PENDING run after its grace and it runs once
+    monkeypatch.setattr(deps.queues._sqs, "send_message", real_send)
+    clock.advance(deps.settings.pending_grace_seconds + 1)
+    assert sweep(run.shard, deps).resent == 1
+    assert Worker(deps, "small").poll_once(wait_seconds=1) == 1
+    [run] = deps.store.list_runs(job["job_id"])
+    assert (run.state.value, run.attempt) == ("SUCCEEDED", 1)
+
+
+def test_a_manual_trigger_whose_send_is_throttled_is_a_202_with_one_run(
+    api: ModuleType, deps, monkeypatch
+) -> None:
+    _, job, _ = call(api, "POST", "/jobs", EVERY_5)
+    _throttle(deps, monkeypatch, "sqs", "send_message")
+    status, run, _ = call(api, "POST", f"/jobs/{job['job_id']}/trigger")
+    assert status == 202 and run["state"] == "PENDING"
+    assert [r["run_id"] for r in _runs(api, job["job_id"])] == [run["run_id"]]
+
+
+def test_a_throttled_write_before_anything_is_stored_is_a_503(api: ModuleType, deps, monkeypatch) -> None:
+    # SQS' and S3's throttling codes count too (botocore's list), not only DynamoDB's
+    _, job, _ = call(api, "POST", "/jobs", EVERY_5)
+    _throttle(deps, monkeypatch, "dynamodb", "put_item")
+    status, body, headers = call(api, "POST", f"/jobs/{job['job_id']}/trigger")
+    assert status == 503 and headers["retry-after"] == "1"
+    assert _runs(api, job["job_id"]) == []

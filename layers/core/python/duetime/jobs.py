@@ -6,8 +6,9 @@ import base64
 import json
 import uuid
 import zlib
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ValidationError
@@ -38,6 +39,7 @@ from duetime.models import (
     Trigger,
     parse_run_id,
 )
+from duetime.observability import logger
 from duetime.resources import (
     ACTIVE_INDEX_PK,
     DEAD_LETTER_INDEX_PK,
@@ -249,7 +251,9 @@ def redrive(run_id: str, *, tenant: str, deps: Deps) -> Run:
         redriven = deps.store.update_run(run.job_id, run.due_at, upd)
     except ConditionFailedError:
         raise ConflictError(f"run {run_id} changed meanwhile; read it again") from None
-    deps.queues.send(redriven.task.tier, message_for(redriven))
+    _after_commit(
+        "send", {"run_id": run_id}, lambda: deps.queues.send(redriven.task.tier, message_for(redriven))
+    )
     return redriven
 
 
@@ -498,13 +502,31 @@ def _cannot_remove(field: str, why: str) -> RequestFieldError:
     return RequestFieldError(f"{field}: cannot be removed (null): {why}", field)
 
 
+T = TypeVar("T")
+
+
+def _after_commit(step: str, ids: dict[str, str], action: Callable[[], T]) -> T | None:
+    """Run ``action``, a step after the request's durable write, that the tick or the sweeper repairs if it
+    does not happen (a claim, a queue message). Its failure (throttling, a network fault) is logged, not
+    raised: the request did take effect, and a client told otherwise would send it again (a second job, a
+    second manual run). Returns the action's result, or None if it failed."""
+    try:
+        return action()
+    except Exception:  # noqa: BLE001 - repaired by the tick (claims) or the sweeper (PENDING re-send)
+        logger.exception(
+            f"{step} failed after the request was stored; the tick or sweeper completes it", extra=ids
+        )
+        return None
+
+
 def _claim_due_now(job: Job, deps: Deps) -> Job:
-    """Claim whatever of ``job`` is due inside the lookahead (the tick may already have passed that window)."""
+    """Claim whatever of ``job`` is due inside the lookahead (the tick may already have passed that window).
+
+    A claim that fails here leaves the job in the due index, as stored: the next tick claims it."""
     if job.state is not JobState.ACTIVE or job.next_fire_at is None:
         return job
-    outcomes = claim_until(
-        job, deps, deps.clock.now() + timedelta(seconds=deps.settings.tick_lookahead_seconds)
-    )
+    until = deps.clock.now() + timedelta(seconds=deps.settings.tick_lookahead_seconds)
+    outcomes = _after_commit("claim", {"job_id": job.job_id}, lambda: claim_until(job, deps, until))
     if outcomes:
         last = outcomes[-1].next_fire_at
         job = job.model_copy(
@@ -579,7 +601,7 @@ def trigger_job(job_id: str, *, tenant: str, deps: Deps, ignore_overlap: bool = 
         deps.store.put_new_run(run)
     except AlreadyClaimedError:
         raise ConflictError(f"a run of job {job_id} is already due at this very millisecond; retry") from None
-    deps.queues.send(run.task.tier, message_for(run))
+    _after_commit("send", {"run_id": run.run_id}, lambda: deps.queues.send(run.task.tier, message_for(run)))
     return run
 
 

@@ -449,3 +449,20 @@ def test_a_known_path_with_an_unknown_method_is_405_with_allow(api: ModuleType) 
     assert status == 405 and body["error"]["code"] == "method_not_allowed"
     assert headers["allow"] == "DELETE, GET, PATCH"
     assert call(api, "TRACE", "/healthz")[0] == 405
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "1" + "0" * 5000,
+        '{"name": 1' + "0" * 5000 + "}",
+        '{"name": "x", "task": {"kind": "container", "command": ["true"]}, "timeout_seconds": 1'
+        + "0" * 5000
+        + "}",
+    ],
+)
+def test_a_number_too_long_to_read_is_a_400_not_a_500(api: ModuleType, raw: str) -> None:
+    # CPython refuses to convert integers of more than 4,300 digits (json.loads raises a plain ValueError)
+    status, body, _ = call(api, "POST", "/jobs", raw_body=raw)
+    assert status == 400 and body["error"]["field"] == "body", body
+    assert call(api, "GET", "/jobs")[1]["jobs"] == []

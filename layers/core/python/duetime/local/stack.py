@@ -317,17 +317,22 @@ class LocalStack:
 
     def _start_supervisor(self) -> None:
         def loop() -> None:
+            # this thread must outlive the stack: the workers it spawns follow it (PR_SET_PDEATHSIG is tied
+            # to the spawning thread), so one failed restart is reported and tried again a second later
             while not self._stopping.wait(1.0):
-                for i, (tier, proc) in enumerate(list(self._workers)):
-                    if proc.poll() is not None and not self._stopping.is_set():
+                for tier, proc in list(self._workers):
+                    if proc.poll() is None or self._stopping.is_set():
+                        continue
+                    try:
                         self._reap_task_of(proc.pid)
                         print(
                             f"worker {proc.pid} ({tier}) exited with {proc.returncode}; restarting",
                             flush=True,
                         )
-                        self._workers.remove((tier, proc))
                         self._spawn_worker(tier)
-                        del i
+                        self._workers.remove((tier, proc))
+                    except Exception as exc:  # noqa: BLE001 - keep supervising
+                        print(f"restarting a {tier} worker failed: {exc!r}", file=sys.stderr, flush=True)
 
         self._thread(loop, "supervisor")
 

@@ -1,9 +1,8 @@
-"""The deterministic simulation's pytest wiring: markers, and a summary of every seed run (with ``-n``, too).
+"""The deterministic simulation's pytest plugin: markers, and one summary line of every seed run (with ``-n``).
 
-Each chunk of seeds records its counts as a user property; this conftest adds them up and prints one line at
-the end of the session: seeds, failures, seeds per second, faults injected by kind. (pytest loads this file in
-the controller process only when ``tests/sim`` is on the command line, as in ``make faults``; in a plain
-``make test`` each chunk still prints its own counts and puts them in its failure message.)
+Each chunk of seeds records its counts as a user property; this plugin adds them up in the controller process
+and prints, at the end of the session: seeds, failures, seeds per second, faults injected by kind. It is
+loaded by the root ``tests/conftest.py`` (``pytest_plugins``), so `make test` prints it as `make faults` does.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ from duetime.local.stack import LOCAL_AWS_ENV
 from duetime.resources import ResourceNames, create_all
 from duetime.settings import Settings
 
+#: the simulation's markers and its end-of-session summary (seeds run, faults injected by kind)
+pytest_plugins = ["tests.sim.report"]
+
 #: A Sunday noon, UTC: the fixed "now" of integration tests.
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 

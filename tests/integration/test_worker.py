@@ -288,3 +288,19 @@ def test_interruptions_do_not_lengthen_the_backoff_of_the_next_real_failure(deps
     [run] = deps.store.list_runs(job_id)
     assert (run.state, run.attempt, run.max_attempts) == (RunState.RETRY_WAIT, 3, 4)
     assert (run.retry_at - run.attempts[-1].finished_at).total_seconds() == 10
+
+
+def test_a_worker_told_to_stop_while_polling_starts_nothing_and_leaves_the_message(deps: Deps) -> None:
+    # Given a run waiting in the queue, and a worker told to stop while its poll was out (stop before
+    # receive here: the receive still returns the message)
+    job_id = _submit(deps, ["sh", "-c", "echo ran"])
+    stopping = Worker(deps, "small", owner="w1")
+    stopping.stop()
+    # When that poll returns the message
+    assert stopping.poll_once(wait_seconds=1) == 1
+    # Then no attempt started and the message is back for another worker, which runs the task once
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.attempt, run.fencing_token, run.attempts) == (RunState.PENDING, 1, 0, [])
+    assert Worker(deps, "small", owner="w2").poll_once(wait_seconds=1) == 1
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.attempt, [a.worker for a in run.attempts]) == (RunState.SUCCEEDED, 1, ["w2"])

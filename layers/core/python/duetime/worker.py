@@ -143,6 +143,11 @@ class Worker:
         """Receive at most one message and process it. Returns how many messages were received."""
         received = self.deps.queues.receive(self.tier, max_messages=1, wait_seconds=wait_seconds)
         for message in received:
+            if self.stopping.is_set():
+                # told to stop while the poll was out: never start a task only to stop it at once (its
+                # effects would happen twice); the message goes back to the queue for another worker
+                self.deps.queues.extend_visibility(self.tier, message.receipt_handle, 0)
+                continue
             self.process(message)
         return len(received)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -68,16 +69,34 @@ class DuetimeResolver(APIGatewayHttpResolver):
         return schema
 
 
+class _NotJsonNumber(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJsonNumber(f"{name} is not a JSON number (RFC 8259 section 6)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotJsonNumber(f"{text[:40]} is too large for a 64-bit float")
+    return value
+
+
 def read_json_body(text: str) -> Any:
-    """The resolver's JSON parser: as ``json.loads``, but every unreadable body is a ``JSONDecodeError``
-    (a 400 naming the body), including a number CPython refuses to convert (more than 4,300 digits,
-    ``sys.int_max_str_digits``), which ``json.loads`` raises as a plain ValueError."""
+    """The resolver's JSON parser: strict JSON (RFC 8259), every unreadable body a ``JSONDecodeError``, so
+    a 400 naming the body says why. Python's ``json.loads`` would take ``NaN``/``Infinity`` and turn
+    ``1e400`` into infinity (both then stored as null), and raises a plain ValueError for an integer of more
+    than 4,300 digits (``sys.int_max_str_digits``)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError:
         raise
+    except _NotJsonNumber as exc:
+        raise json.JSONDecodeError(str(exc), text[:100], 0) from None
     except ValueError as exc:
-        raise json.JSONDecodeError(f"unreadable number: {exc}", text[:100], 0) from None
+        raise json.JSONDecodeError(f"a number has more than 4,300 digits ({exc})", text[:100], 0) from None
 
 
 app = DuetimeResolver(enable_validation=True, json_body_deserializer=read_json_body)
@@ -172,7 +191,10 @@ def _validation_error(exc: RequestValidationError) -> Response[str]:
     field = _field_of(tuple(first.get("loc", ())))
     kind = first.get("type", "")
     if kind == "json_invalid":
-        return error(400, "invalid_json", "the request body is not valid JSON", "body")
+        why = (first.get("ctx") or {}).get("error")
+        return error(
+            400, "invalid_json", "the request body is not valid JSON" + (f": {why}" if why else ""), "body"
+        )
     message = f"{field}: {first.get('msg', 'invalid value')}"
     if kind == "extra_forbidden":
         message = f"{field}: unknown field"

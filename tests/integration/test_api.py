@@ -465,4 +465,16 @@ def test_a_number_too_long_to_read_is_a_400_not_a_500(api: ModuleType, raw: str)
     # CPython refuses to convert integers of more than 4,300 digits (json.loads raises a plain ValueError)
     status, body, _ = call(api, "POST", "/jobs", raw_body=raw)
     assert status == 400 and body["error"]["field"] == "body", body
+    assert "4,300 digits" in body["error"]["message"]
+    assert call(api, "GET", "/jobs")[1]["jobs"] == []
+
+
+@pytest.mark.parametrize(("number", "why"), [("NaN", "NaN"), ("-Infinity", "-Infinity"), ("1e400", "1e400")])
+def test_nan_infinity_and_overflowing_numbers_are_refused_not_stored_as_null(
+    api: ModuleType, number: str, why: str
+) -> None:
+    raw = '{"name": "b", "task": {"kind": "lambda", "function": "x", "payload": {"a": ' + number + "}}}"
+    status, body, _ = call(api, "POST", "/jobs", raw_body=raw)
+    assert status == 400 and body["error"]["field"] == "body"
+    assert why in body["error"]["message"]
     assert call(api, "GET", "/jobs")[1]["jobs"] == []

@@ -88,3 +88,24 @@ def test_long_ids_fold_in_a_narrow_table_instead_of_being_cut() -> None:
     text = console.export_text()
     assert "…" not in text
     assert job_id in "".join(line.split("│")[1].strip() for line in text.splitlines() if "│" in line)
+
+
+def test_piped_tables_keep_every_row_on_one_whole_line(monkeypatch) -> None:
+    import importlib
+    import io
+
+    import duetime.cli_api as cli_api
+
+    # Given output that is not a terminal (a pipe), and rows wider than 80 columns
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    module = importlib.reload(cli_api)
+    job_id = "nightly-report-for-the-finance-team-" + "x" * 28
+    rows = [{"job_id": job_id, "name": "n" * 40, "state": "ACTIVE", "schedule": None, "next_fire_at": None}]
+    buffer = io.StringIO()
+    module._out.file = buffer
+    module._show(rows, False, module._job_table(rows))
+    # Then the id and the name each sit whole on the row's single line
+    [row] = [line for line in buffer.getvalue().splitlines() if job_id in line]
+    assert "n" * 40 in row and "…" not in buffer.getvalue()
+    monkeypatch.undo()
+    importlib.reload(cli_api)  # back to the real stdout

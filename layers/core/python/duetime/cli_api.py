@@ -30,7 +30,8 @@ SigV4 = Annotated[bool, typer.Option("--sigv4", help="sign with AWS SigV4 (a dep
 AsJson = Annotated[bool, typer.Option("--json", help="print the API's JSON")]
 
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED"}
-_out = Console()
+#: piped or redirected output (scripts, grep) is never wrapped or cropped to 80 columns: rows stay whole lines
+_out = Console(width=None if sys.stdout.isatty() else 10_000)
 
 
 def _call(api: str | None, token: str | None, sigv4: bool, method: str, path: str, **kw: Any) -> Any:

@@ -41,13 +41,30 @@ from duetime.models import (
     Trigger,
 )
 
+#: Unicode categories a name may not hold: controls (C0, DEL, C1), format characters (bidirectional
+#: overrides such as U+202E, zero-width spaces, soft hyphens), line and paragraph separators, surrogates
+_REFUSED_CATEGORIES = {
+    "Cc": "control",
+    "Cf": "invisible format",
+    "Zl": "line separator",
+    "Zp": "paragraph separator",
+    "Cs": "surrogate",
+}
+#: the zero-width joiner builds emoji sequences (a family emoji): allowed
+_ALLOWED_FORMAT = {"\u200d"}
+
 
 def _no_control_characters(text: str) -> str:
-    """``text`` if it holds no control character (C0, DEL or C1: Unicode category Cc)."""
+    """``text`` if it holds no control, invisible format or separator character (see _REFUSED_CATEGORIES).
+
+    Raises:
+        ValueError: naming the character (U+XXXX), its position (1-based) and its kind.
+    """
     for index, char in enumerate(text):
-        if unicodedata.category(char) == "Cc":
+        kind = _REFUSED_CATEGORIES.get(unicodedata.category(char))
+        if kind is not None and char not in _ALLOWED_FORMAT:
             raise ValueError(
-                f"must not contain control characters (U+{ord(char):04X} at character {index + 1}): "
+                f"must not contain {kind} characters (U+{ord(char):04X} at character {index + 1}): "
                 "a name is a label shown in listings, logs and terminals"
             )
     return text

@@ -71,7 +71,7 @@ def test_api_and_token_given_before_the_command_apply_to_it(monkeypatch) -> None
     monkeypatch.delenv("DUETIME_API_URL", raising=False)
     result = runner.invoke(app, ["--api", "http://127.0.0.1:9", "jobs", "list"])
     assert result.exit_code == 4
-    assert "cannot reach http://127.0.0.1:9" in result.stderr
+    assert result.stderr.startswith("duetime: unreachable: cannot reach http://127.0.0.1:9")
 
 
 def test_long_ids_fold_in_a_narrow_table_instead_of_being_cut() -> None:

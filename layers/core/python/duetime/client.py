@@ -23,7 +23,8 @@ class ApiError(Exception):
     """The API answered an error (``status`` >= 400) or could not be reached (``status`` 0)."""
 
     def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(f"{status} {code}: {message}" + (f" (field {field})" if field else ""))
+        prefix = f"{status} {code}" if status else code  # status 0: no HTTP answer at all
+        super().__init__(f"{prefix}: {message}" + (f" (field {field})" if field else ""))
         self.status, self.code, self.message, self.field = status, code, message, field
 
 

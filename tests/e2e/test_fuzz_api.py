@@ -35,7 +35,7 @@ def run_schemathesis(api: str, *, examples: int, seed: int, cwd: Path) -> subpro
             "--max-examples",
             str(examples),
             "--workers",
-            "2",
+            "1",  # hypothesis parses sources with ast.parse; CPython 3.11's parser races across threads
             "--seed",
             str(seed),
             "--no-color",
@@ -48,13 +48,13 @@ def run_schemathesis(api: str, *, examples: int, seed: int, cwd: Path) -> subpro
     )
 
 
-#: a CPython 3.11 race inside hypothesis' source parsing (not Duetime's): such a run is repeated once
+#: a CPython 3.11 race inside hypothesis' source parsing (not Duetime's): such a run is repeated, up to 3 times
 KNOWN_TOOL_FLAKE = "AST constructor recursion depth mismatch"
 
 
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(stack: Stack) -> None:
     examples = int(os.environ.get("DUETIME_FUZZ_EXAMPLES", "8"))
-    for seed in (1, 2):
+    for seed in (1, 2, 3):
         result = run_schemathesis(stack.api, examples=examples, seed=seed, cwd=stack.workdir)
         out = result.stdout + result.stderr
         # check failures (a 5xx, an undocumented status, a body off its schema) always fail the test

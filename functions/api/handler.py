@@ -231,18 +231,10 @@ def _quota(exc: QuotaExceededError) -> Response[str]:
 
 
 #: error codes of capacity refusals (after the SDK's own retries): botocore's standard retry mode's list
-#: (DynamoDB ProvisionedThroughputExceeded, SQS RequestThrottled, S3 SlowDown, ...), and a few of our own
+#: (DynamoDB ProvisionedThroughputExceeded, SQS RequestThrottled, S3 SlowDown, ...); ours if it moves
 THROTTLING_CODES = frozenset(
-    {
-        *getattr(ThrottledRetryableChecker, "_THROTTLED_ERROR_CODES", ()),
-        "ProvisionedThroughputExceededException",
-        "ThrottlingException",
-        "RequestLimitExceeded",
-        "RequestThrottled",
-        "SlowDown",
-        "Throttling",
-        "TooManyRequestsException",
-    }
+    getattr(ThrottledRetryableChecker, "_THROTTLED_ERROR_CODES", None)
+    or ("ProvisionedThroughputExceededException", "ThrottlingException", "RequestThrottled", "SlowDown")
 )
 
 

@@ -23,11 +23,11 @@ from duetime.clock import FixedClock
 from duetime.deps import Deps, deps_from_settings
 from duetime.local.stack import LOCAL_AWS_ENV
 from duetime.models import ContainerTask, Job, RunState, ScheduleSpec
-from duetime.resources import ResourceNames, create_all
+from duetime.resources import ResourceNames
 from duetime.settings import Settings
 from duetime.sweeper import sweep
 from duetime.worker import Worker
-from tests.conftest import T0
+from tests.conftest import T0, make_settings
 from tests.faults.conftest import Effects, run_problems, running_moto
 from tests.helpers import drain, queue_counts
 
@@ -87,22 +87,8 @@ def resources() -> Iterator[tuple[str, Settings]]:
             mp.setenv(key, value)
         mp.setenv("AWS_ENDPOINT_URL", endpoint)
         aws.reset_clients()
-        names = ResourceNames.for_prefix("claims")
-        urls = create_all(names)
+        settings = make_settings(ResourceNames.for_prefix("claims"), shard_count=1)
         aws.reset_clients()
-        settings = Settings(
-            jobs_table=names.jobs_table,
-            runs_table=names.runs_table,
-            logs_bucket=names.logs_bucket,
-            queue_urls=urls,
-            shard_count=1,
-            tick_period_seconds=60,
-            tick_margin_seconds=15,
-            lease_seconds=30,
-            heartbeat_seconds=10,
-            pending_grace_seconds=60,
-            kill_grace_seconds=1,
-        )
         yield endpoint, settings
 
 

@@ -317,7 +317,7 @@ def test_a_dead_lettered_run_is_listed_and_can_be_retried(api: ModuleType, deps)
     assert call(api, "GET", "/dead-letters")[1]["runs"] == []
     # And retrying a run that is not dead-lettered (now PENDING) is a 409 that says why
     status, answer, _ = call(api, "POST", f"/runs/{run['run_id']}/retry")
-    assert status == 409 and "not dead-lettered" in answer["error"]["message"]
+    assert status == 409 and "only a dead-lettered or timed-out run" in answer["error"]["message"]
     worker.poll_once()
     attempts = call(api, "GET", f"/runs/{run['run_id']}")[1]["attempts"]
     assert [(a["attempt"], a["exit_code"]) for a in attempts] == [(1, 4), (2, 4)]
@@ -441,7 +441,7 @@ def test_policies_round_trip_through_the_api(api: ModuleType) -> None:
     status, job, _ = call(api, "POST", "/jobs", body)
     assert status == 201
     assert job["overlap"] == {"policy": "skip", "max_concurrency": None}
-    assert job["catch_up"] == {"policy": "all", "max_runs": 5}
+    assert job["catch_up"] == {"policy": "all", "max_runs": 5, "tolerance_seconds": 60.0}
     assert job["starting_deadline_seconds"] == 120
     status, answer, _ = call(api, "POST", "/jobs", {**HELLO, "overlap": {"policy": "sometimes"}})
     assert status == 400 and answer["error"]["field"] == "overlap.policy"

@@ -55,7 +55,7 @@ def test_pause_leaves_the_due_index_and_resume_catches_up_once(api: ModuleType, 
     assert resumed["next_fire_at"] == "2026-11-29T13:05:00.000Z"
 
 
-def test_patching_the_schedule_recomputes_the_next_fire_without_refiring_a_claimed_slot(
+def test_patching_the_schedule_recomputes_the_next_fire_and_ends_the_old_claimed_slot(
     api, deps, clock
 ) -> None:
     _, job, _ = call(api, "POST", "/jobs", EVERY_5)
@@ -66,11 +66,13 @@ def test_patching_the_schedule_recomputes_the_next_fire_without_refiring_a_claim
         api, "PATCH", f"/jobs/{job['job_id']}", {"schedule": {"expression": "rate(1 minute)"}}
     )
     assert status == 200, patched
-    # Then the next fire is after the claimed 12:05 slot, and 12:05 exists once
+    # Then the new schedule fires from its first slot after now (12:05:30), and the old schedule's slot
+    # claimed ahead (12:05) exists once and ends SKIPPED (schedule_changed): it is not a slot any more
     assert patched["version"] == 2
-    dues = [r["due_at"] for r in _runs(api, job["job_id"])]
-    assert dues.count("2026-11-29T12:05:00.000Z") == 1
-    assert all(d > "2026-11-29T12:05:00.000Z" for d in dues if d != "2026-11-29T12:05:00.000Z")
+    found = {r["due_at"]: r for r in _runs(api, job["job_id"])}
+    old = found["2026-11-29T12:05:00.000Z"]
+    assert (old["state"], old["error"]) == ("SKIPPED", "schedule_changed")
+    assert "2026-11-29T12:05:30.000Z" in found and found["2026-11-29T12:05:30.000Z"]["state"] == "PENDING"
     assert patched["schedule"]["expression"] == "rate(1 minute)"
 
 

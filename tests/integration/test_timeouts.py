@@ -231,3 +231,108 @@ def test_a_run_finishing_exactly_at_its_deadline_has_one_outcome(sfn_deps: Deps,
         expected = RunState.TIMED_OUT
     [run] = sfn_deps.store.list_runs(job_id)
     assert run.state is expected and len(run.attempts) == 1
+
+
+# ---- what follows a timeout: the same actions on every path (issue: job actions govern claimed runs) -----
+def test_on_timeout_trigger_never_runs_a_deleted_job(sfn_deps: Deps) -> None:
+    # Given job B, deleted after job A named it as its timeout's trigger
+    b = _job(sfn_deps, ["true"], name="b")
+    drain(sfn_deps.settings.queue_url("small"))
+    a = _job(
+        sfn_deps,
+        ["sleep", "30"],
+        timeout_seconds=1,
+        on_timeout=OnTimeout(action="trigger", job_id=b, kill_grace_seconds=0),
+    )
+    jobs.delete_job(b, tenant="t1", deps=sfn_deps)
+    # When A times out on its worker
+    Worker(sfn_deps, "small", owner="w").poll_once()
+    # Then A is TIMED_OUT and B got no run (as a manual trigger of a deleted job is refused)
+    [timed_out] = sfn_deps.store.list_runs(a)
+    assert timed_out.state is RunState.TIMED_OUT
+    assert [r for r in sfn_deps.store.list_runs(b) if r.trigger is Trigger.TIMEOUT_HANDLER] == []
+
+
+def test_the_state_machine_never_triggers_a_deleted_job(sfn_deps: Deps) -> None:
+    b = _job(sfn_deps, ["true"], name="b")
+    a = _job(sfn_deps, ["sleep", "300"], timeout_seconds=3, on_timeout=OnTimeout(action="trigger", job_id=b))
+    jobs.delete_job(b, tenant="t1", deps=sfn_deps)
+    running = _stuck(sfn_deps, a)
+    sweep(running.shard, sfn_deps)
+    assert _wait_execution(sfn_deps, execution_name(running))["status"] == "SUCCEEDED"
+    assert [r for r in sfn_deps.store.list_runs(b) if r.trigger is Trigger.TIMEOUT_HANDLER] == []
+
+
+def _metric_names(out: str) -> list[str]:
+    names = []
+    for line in out.splitlines():
+        if line.startswith('{"_aws"'):
+            doc = json.loads(line)
+            names += [m["Name"] for d in doc["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]]
+    return names
+
+
+def test_a_run_dead_lettered_by_the_timeout_handler_counts_as_dead_lettered(sfn_deps: Deps, capsys) -> None:
+    # Given a stuck worker on the last attempt of a run whose timeout is retried
+    job_id = _job(sfn_deps, ["sleep", "300"], timeout_seconds=3, retry=RetryPolicy(max_attempts=1))
+    running = _stuck(sfn_deps, job_id)
+    capsys.readouterr()
+    # When the handler fences it
+    sweep(running.shard, sfn_deps)
+    assert _wait_execution(sfn_deps, execution_name(running))["status"] == "SUCCEEDED"
+    # Then the run is dead-lettered and both metrics were published (the dead-letter alarm sees it)
+    [run] = sfn_deps.store.list_runs(job_id)
+    assert (run.state, run.dead_lettered) == (RunState.TIMED_OUT, True)
+    names = _metric_names(capsys.readouterr().out)
+    assert "RunTimedOut" in names and "RunDeadLettered" in names
+
+
+def test_the_timeout_handler_wakes_the_overlap_successor_at_once(sfn_deps: Deps) -> None:
+    from duetime.models import OverlapPolicy, ScheduleSpec
+
+    # Given a buffer_one job whose run 1 is stuck and whose run 2 waits behind it
+    request = CreateJobRequest(
+        name="o",
+        schedule=ScheduleSpec(expression="rate(1 minute)"),
+        task=ContainerTask(command=["sleep", "300"]),
+        timeout_seconds=3,
+        on_timeout=OnTimeout(action="fail", kill_grace_seconds=2),
+        overlap=OverlapPolicy(policy="buffer_one"),
+    )
+    job = jobs.create_job(request, tenant="t1", deps=sfn_deps)
+    [first] = sfn_deps.store.list_runs(job.job_id)
+    sfn_deps.clock.advance(60)
+    drain(sfn_deps.settings.queue_url("small"))
+    running = runs.start(runs.message_for(first), sfn_deps, owner="stuck-worker")
+    from duetime import claims
+
+    claims.tick(job.shard, sfn_deps)
+    waiting = sorted(sfn_deps.store.list_runs(job.job_id), key=lambda r: r.due_at)[1]
+    with pytest.raises(runs.NotStartedError):
+        runs.start(runs.message_for(waiting), sfn_deps, owner="w2")
+    drain(sfn_deps.settings.queue_url("small"))
+    # When the handler fences the stuck run 1
+    sfn_deps.clock.advance(3 + 2 + 5 + 0.001)
+    start_handler(running, sfn_deps)
+    assert _wait_execution(sfn_deps, execution_name(running))["status"] == "SUCCEEDED"
+    # Then run 2's wake-up is on the queue at once, not left for the sweeper
+    woken = [m for m in drain(sfn_deps.settings.queue_url("small")) if m["attempt"] == 1]
+    assert [m["due_at"] for m in woken] == [
+        waiting.run_id and runs.message_for(waiting).model_dump(mode="json")["due_at"]
+    ]
+
+
+def test_a_run_timed_out_with_on_timeout_fail_can_be_redriven(sfn_deps: Deps) -> None:
+    job_id = _job(
+        sfn_deps,
+        ["sleep", "30"],
+        timeout_seconds=1,
+        on_timeout=OnTimeout(action="fail", kill_grace_seconds=0),
+        retry=RetryPolicy(max_attempts=2),
+    )
+    Worker(sfn_deps, "small", owner="w").poll_once()
+    [run] = sfn_deps.store.list_runs(job_id)
+    assert run.state is RunState.TIMED_OUT and not run.dead_lettered
+    redriven = jobs.redrive(run.run_id, tenant="t1", deps=sfn_deps)
+    assert (redriven.state, redriven.attempt, redriven.max_attempts) == (RunState.PENDING, 2, 3)
+    assert redriven.timeout_outcome is None

@@ -389,7 +389,7 @@ def _draw_jobs(rng: random.Random, fault_seconds: float) -> list[JobPlan]:
             schedule = ScheduleSpec(expression=f"at({due:%Y-%m-%dT%H:%M:%S})")
         elif kind == "rate":
             end = T0 + timedelta(seconds=submit_at + rng.uniform(10, 20))
-            schedule = ScheduleSpec(expression=f"rate({rng.choice([3, 5, 10])} seconds)", end_at=end)
+            schedule = ScheduleSpec(expression=f"rate({rng.choice([10, 15, 20])} seconds)", end_at=end)
         retry = RetryPolicy(
             max_attempts=rng.choice([1, 2, 3, 4, 4]),
             backoff_seconds=rng.choice([0, 1, 2]),

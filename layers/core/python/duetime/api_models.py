@@ -234,7 +234,8 @@ class JobResponse(BaseModel):
     catch_up: CatchUpPolicy
     overlap: OverlapPolicy
     starting_deadline_seconds: int | None
-    missed_slots: int
+    missed_slots: int = Field(description="slots that did not run: skipped by catch-up or a pause, or missed")
+    paused_at: Instant | None = Field(default=None, description="PAUSED jobs: when the pause began, UTC")
     next_fire_at: Instant | None
     next_fire_times: list[Instant] = Field(default_factory=list, description="the next few fires, UTC")
     last_run: RunSummary | None = None
@@ -296,6 +297,10 @@ class RunResponse(BaseModel):
     dead_lettered: bool
     dead_lettered_at: Instant | None
     missed_slots: int
+    held: str | None = Field(
+        default=None,
+        description="`paused`: a PENDING run its job's pause holds back; the resume's catch-up decides it",
+    )
     lag_seconds: float | None = Field(
         description="schedule lag, seconds: when the run's first attempt started minus `due_at` (retries do "
         "not change it; null until the run starts)"

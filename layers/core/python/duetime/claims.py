@@ -12,47 +12,18 @@ import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import lru_cache
 
+from duetime.admission import is_missed, next_fire_after, schedule_of, select_slots
 from duetime.deps import Deps
 from duetime.errors import AlreadyClaimedError, StaleClaimError
-from duetime.models import Job, Run, RunState, ScheduleSpec, Trigger
+from duetime.models import Job, Run, RunState, Trigger
 from duetime.observability import logger
 from duetime.queue import delay_seconds
 from duetime.runs import message_for
-from duetime.schedules import Schedule, parse_schedule
 from duetime.timeutil import truncate_ms
 
 #: Upper bound on missed slots walked one by one when catching up; past it, only the latest is considered.
 MAX_WALKED_SLOTS = 10_000
-
-
-@lru_cache(maxsize=4096)
-def _cached_schedule(spec: ScheduleSpec, anchor: datetime) -> Schedule:
-    return parse_schedule(
-        spec.expression,
-        spec.timezone,
-        anchor=anchor,
-        dst_policy=spec.dst_policy,
-        start_at=spec.start_at,
-        end_at=spec.end_at,
-    )
-
-
-def schedule_of(job: Job) -> Schedule | None:
-    """The parsed schedule of ``job`` (None for a run-now job). Parsing is cached per process."""
-    if job.schedule is None:
-        return None
-    return _cached_schedule(job.schedule, job.anchor)
-
-
-def next_fire_after(job: Job, instant: datetime) -> datetime | None:
-    """The job's first fire strictly after ``instant`` (UTC, ms precision), or None if it never fires again."""
-    schedule = schedule_of(job)
-    if schedule is None:
-        return None
-    nxt = schedule.next_after(instant)
-    return truncate_ms(nxt) if nxt is not None else None
 
 
 @dataclass(frozen=True)
@@ -109,13 +80,13 @@ def new_run(job: Job, due_at: datetime, deps: Deps, *, trigger: Trigger, missed_
     )
 
 
-def plan_slots(job: Job, now: datetime, tick_period_seconds: float) -> tuple[list[datetime], int]:
+def plan_slots(job: Job, now: datetime) -> tuple[list[datetime], int]:
     """Which slots to claim now for ``job``, oldest first, and how many missed slots to skip.
 
-    A slot is *missed* when it is more than one tick period (or the job's ``starting_deadline_seconds``)
-    in the past: nothing ticked while it was due. Then the job's catch-up policy decides: ``latest`` keeps
-    the most recent missed slot, ``all`` keeps up to ``max_runs`` of the most recent, ``none`` keeps none.
-    Slots past the starting deadline are always skipped. Pure: no I/O.
+    The slots from the job's ``next_fire_at`` up to ``now`` are walked; those more than
+    ``catch_up.tolerance_seconds`` late are *missed* and the catch-up policy keeps some of them
+    (:func:`duetime.admission.select_slots`, the same rule the start applies to runs claimed earlier);
+    slots past the starting deadline are always skipped. Pure: no I/O.
 
     Returns:
         (slots, missed): ``slots`` may be empty (everything skipped); ``missed`` counts skipped slots
@@ -123,11 +94,7 @@ def plan_slots(job: Job, now: datetime, tick_period_seconds: float) -> tuple[lis
     """
     claimed = job.next_fire_at
     assert claimed is not None
-    late_by = (now - claimed).total_seconds()
-    tolerance = tick_period_seconds
-    if job.starting_deadline_seconds is not None:
-        tolerance = min(tolerance, float(job.starting_deadline_seconds))
-    if late_by <= tolerance:
+    if not is_missed(claimed, now, job.catch_up) and not _past_deadline(job, claimed, now):
         return [claimed], 0
     schedule = schedule_of(job)
     if schedule is None:  # a run-now job whose claim was delayed: run it, unless past its deadline
@@ -139,18 +106,15 @@ def plan_slots(job: Job, now: datetime, tick_period_seconds: float) -> tuple[lis
         due.append(truncate_ms(cursor))
         walked += 1
         cursor = schedule.next_after(cursor)
-    if cursor is not None and cursor <= now:  # more than we walk: jump to the latest slot
+    if cursor is not None and cursor <= now:  # more than we walk: jump to the latest slots
         latest = schedule.latest_at_or_before(now)
         if latest is not None:
             due = [truncate_ms(latest)]
-    policy = job.catch_up
     runnable = [d for d in due if not _past_deadline(job, d, now)]
-    if policy.policy == "none":
-        keep: list[datetime] = []
-    elif policy.policy == "all":
-        keep = runnable[-policy.max_runs :]
-    else:
-        keep = runnable[-1:]
+    late = [d for d in runnable if is_missed(d, now, job.catch_up)]
+    on_time = [d for d in runnable if not is_missed(d, now, job.catch_up)]
+    kept, _ = select_slots(late, job.catch_up)
+    keep = kept + on_time
     missed = max(walked, len(due)) - len(keep)
     return keep, missed
 
@@ -182,7 +146,7 @@ def claim(job: Job, deps: Deps, *, trigger: Trigger = Trigger.SCHEDULE) -> Claim
         raise ValueError(f"job {job.job_id} has no next_fire_at to claim")
     now = deps.clock.now()
     claimed = job.next_fire_at
-    slots, missed = plan_slots(job, now, deps.settings.tick_period_seconds)
+    slots, missed = plan_slots(job, now)
 
     runs: list[Run] = []
     created_flags: list[bool] = []
@@ -192,7 +156,7 @@ def claim(job: Job, deps: Deps, *, trigger: Trigger = Trigger.SCHEDULE) -> Claim
             job,
             due_at,
             deps,
-            trigger=trigger if latest or len(slots) == 1 else Trigger.BACKFILL,
+            trigger=Trigger.BACKFILL if not latest and is_missed(due_at, now, job.catch_up) else trigger,
             missed_slots=missed if latest else 0,
         )
         try:

@@ -7,14 +7,16 @@ import json
 import uuid
 import zlib
 from collections.abc import Callable
+from contextlib import suppress
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ValidationError
 
+from duetime.admission import SLOT_TRIGGERS, next_fire_after, schedule_of, select_slots
 from duetime.api_models import CreateJobRequest, SchedulePreviewResponse, UpdateJobRequest
-from duetime.claims import claim_until, next_fire_after
+from duetime.claims import MAX_WALKED_SLOTS, claim_until, new_run
 from duetime.deps import Deps
 from duetime.errors import (
     AlreadyClaimedError,
@@ -47,7 +49,15 @@ from duetime.resources import (
     RUNS_PK,
     RUNS_SK,
 )
-from duetime.runs import cancel, message_for
+from duetime.runs import (
+    HOLD_RECHECK_SECONDS,
+    cancel,
+    held_runs,
+    hold,
+    message_for,
+    release_held,
+    settle_claimed_ahead,
+)
 from duetime.schedules import DstPolicy, parse_schedule
 from duetime.store import ConditionFailedError, Update
 from duetime.timeutil import truncate_ms
@@ -179,26 +189,49 @@ def get_run(run_id: str, *, tenant: str, deps: Deps) -> Run:
 
 
 def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = None) -> str:
-    """The combined stdout+stderr of one attempt of the caller's run (default: the latest that has a log).
+    """The combined stdout+stderr of one attempt of the caller's run (default: the current attempt while the
+    run is RUNNING, else the latest attempt that left a log).
 
-    Returns an empty string while the current attempt has no log yet (it has not finished).
+    A RUNNING attempt's log is its output so far: the chunks its worker streams every few seconds (empty until
+    the first one). An attempt whose worker died keeps the chunks streamed before it died.
 
     Raises:
-        NotFoundError: the run is not the caller's, or ``attempt`` never happened or left no log (its
-            worker was lost before uploading one).
+        NotFoundError: the run is not the caller's, ``attempt`` never happened, or it ended without leaving
+            any log (neither a final object nor a streamed chunk).
     """
+    from duetime.logs import log_key
+
     run = get_run(run_id, tenant=tenant, deps=deps)
-    keys = {a.attempt: a.log_key for a in run.attempts if a.log_key}
+    # every ended attempt, with the key its worker wrote to: recorded, or (a lost worker's attempt recorded
+    # without one) the key it streams under anyway
+    keys = {a.attempt: a.log_key or log_key(run.job_id, run_id, a.attempt) for a in run.attempts}
+    # the attempt being run has no record yet; its worker streams under its key
+    running = run.attempt if run.state is RunState.RUNNING and run.attempt not in keys else None
+
+    def read(key: str) -> str | None:
+        data = deps.logs.get(key)
+        return data.decode("utf-8", errors="replace") if data is not None else None
+
     if attempt is not None:
-        if attempt < 1 or attempt > run.attempt or (attempt not in keys and attempt < run.attempt):
+        if attempt < 1 or attempt > run.attempt:
             raise NotFoundError("log of attempt", f"{run_id}#{attempt}")
-        key = keys.get(attempt)
-    else:
-        key = keys[max(keys)] if keys else None
-    if key is None:
-        return ""
-    data = deps.logs.get(key)
-    return data.decode("utf-8", errors="replace") if data is not None else ""
+        if attempt == running:
+            return read(log_key(run.job_id, run_id, attempt)) or ""
+        if attempt not in keys:
+            if attempt == run.attempt:
+                return ""  # the current attempt has not started (PENDING)
+            raise NotFoundError("log of attempt", f"{run_id}#{attempt}")
+        text = read(keys[attempt])
+        if text is None:
+            raise NotFoundError("log of attempt", f"{run_id}#{attempt}")
+        return text
+    if running is not None:
+        return read(log_key(run.job_id, run_id, running)) or ""
+    for number in sorted(keys, reverse=True):
+        text = read(keys[number])
+        if text is not None:
+            return text
+    return ""
 
 
 def list_dead_letters(
@@ -220,24 +253,32 @@ def list_dead_letters(
 
 
 def redrive(run_id: str, *, tenant: str, deps: Deps) -> Run:
-    """Re-drive a dead-lettered run: it returns to PENDING as the next attempt, with a fresh retry budget
-    (``max_attempts`` more attempts), leaves the dead-letter list, and is sent to its queue now.
+    """Re-drive a run that failed for good: it returns to PENDING as the next attempt, with a fresh retry
+    budget (``max_attempts`` more attempts, the backoff starting again from its first step), leaves the
+    dead-letter list, and is sent to its queue now.
+
+    A run can be re-driven when it is dead-lettered (FAILED or TIMED_OUT after its last attempt) or
+    TIMED_OUT because ``on_timeout`` said ``fail`` or ``trigger``.
 
     Raises:
         NotFoundError: the run is not the caller's.
-        ConflictError: the run is not dead-lettered (only a FAILED run that exhausted its attempts can be).
+        ConflictError: the run did not fail for good (it is still active, SUCCEEDED, CANCELLED or SKIPPED).
     """
     run = get_run(run_id, tenant=tenant, deps=deps)
-    if not run.dead_lettered or run.state is not RunState.FAILED:
+    failed_for_good = (run.dead_lettered and run.state in (RunState.FAILED, RunState.TIMED_OUT)) or (
+        run.state is RunState.TIMED_OUT
+    )
+    if not failed_for_good:
         raise ConflictError(
-            f"run {run_id} is {run.state.value}, not dead-lettered: only dead letters can be retried"
+            f"run {run_id} is {run.state.value}: only a dead-lettered or timed-out run can be retried"
         )
     now = deps.clock.now()
-    upd = Update(conditions={"state": RunState.FAILED.value, "attempt": run.attempt, "dead_lettered": True})
+    upd = Update(conditions={"state": run.state.value, "attempt": run.attempt})
     upd.sets.update(
         state=RunState.PENDING.value,
         attempt=run.attempt + 1,
         max_attempts=run.attempt + run.retry.max_attempts,
+        budget_from_attempt=run.attempt + 1,
         dead_lettered=False,
         trigger=Trigger.RETRY.value,
         watch_at=now + timedelta(seconds=deps.settings.pending_grace_seconds),
@@ -245,7 +286,17 @@ def redrive(run_id: str, *, tenant: str, deps: Deps) -> Run:
     )
     if run.overlap.enforced:
         upd.sets[ACTIVE_INDEX_PK] = run.job_id
-    upd.removes.extend(["dead_lettered_at", DEAD_LETTER_INDEX_PK, "finished_at", "exit_code", "error"])
+    upd.removes.extend(
+        [
+            "dead_lettered_at",
+            DEAD_LETTER_INDEX_PK,
+            "finished_at",
+            "exit_code",
+            "error",
+            "timeout_action",
+            "timeout_outcome",
+        ]
+    )
     upd.appends["events"] = [{"at": now, "kind": "redriven", "detail": {"attempt": run.attempt + 1}}]
     try:
         redriven = deps.store.update_run(run.job_id, run.due_at, upd)
@@ -330,8 +381,6 @@ def decode_token(
 
 def describe_job(job: Job, deps: Deps, *, previews: int = 3) -> tuple[list[datetime], Run | None]:
     """The job's next ``previews`` fire times (UTC) and its most recent run (one Query)."""
-    from duetime.claims import schedule_of
-
     fires: list[datetime] = []
     schedule = schedule_of(job)
     if job.state is JobState.ACTIVE and job.next_fire_at is not None:
@@ -424,9 +473,9 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
             end_at=spec.end_at,
         )
         updated = updated.model_copy(update={"anchor": anchor})
-        last = deps.store.list_runs(job_id, limit=1)
-        after = max(now, last[0].due_at) if last else now
-        nxt = next_fire_after(updated, after)
+        # the new schedule takes effect from its first slot after now; the old schedule's runs claimed
+        # ahead end SKIPPED (schedule_changed) unless the new schedule has a slot at the same instant
+        nxt = next_fire_after(updated, now)
         if job.state is JobState.PAUSED:
             updated = updated.model_copy(update={"paused_next_fire_at": nxt})
         else:
@@ -434,6 +483,10 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
                 update={"next_fire_at": nxt, "state": JobState.ACTIVE if nxt else JobState.COMPLETED}
             )
     deps.store.replace_job(updated, expected_version=job.version, expected_next_fire_at=job.next_fire_at)
+    if "schedule" in changes:
+        _after_commit(
+            "settle", {"job_id": job_id}, lambda: settle_claimed_ahead(updated, job_id, deps, since=now)
+        )
     return _claim_due_now(updated, deps)
 
 
@@ -550,6 +603,7 @@ def pause_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
         update={
             "state": JobState.PAUSED,
             "paused_next_fire_at": job.next_fire_at,
+            "paused_at": now,
             "next_fire_at": None,
             "updated_at": now,
             "version": job.version + 1,
@@ -560,8 +614,16 @@ def pause_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
 
 
 def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
-    """PAUSED -> ACTIVE from the first fire the pause held back; the job's catch-up policy decides what runs
-    for the slots the pause skipped (``latest``: the most recent one, once). Resuming an active job is a no-op.
+    """PAUSED -> ACTIVE. Resuming an active job is a no-op.
+
+    The slots due while the job was paused (runs claimed ahead and held at their start, and slots never
+    claimed since the pause) follow the catch-up policy whatever their lateness: ``none`` runs none of them,
+    ``latest`` the newest, ``all`` the ``max_runs`` newest; the others end SKIPPED (reason ``paused``) or,
+    if never claimed, are counted in ``missed_slots``. The schedule then continues from its first slot after
+    now (claimed at once if inside the look-ahead).
+
+    Raises:
+        NotFoundError; ConflictError if the job is neither ACTIVE nor PAUSED, or changed meanwhile.
     """
     job = get_job(job_id, tenant=tenant, deps=deps)
     if job.state is JobState.ACTIVE:
@@ -569,18 +631,81 @@ def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
     if job.state is not JobState.PAUSED:
         raise ConflictError(f"job {job_id} is {job.state.value}: only a PAUSED job can be resumed")
     now = truncate_ms(deps.clock.now())
-    nxt = job.paused_next_fire_at
+    # a slot due in the pause whose wake-up has not reached a worker yet is held now, while the job is still
+    # PAUSED (a worker would hold it too): every slot due in the pause is decided here, whatever its lateness
+    since = job.paused_at or now - timedelta(seconds=deps.settings.tick_lookahead_seconds)
+    for run in _pending_first_attempts(job_id, deps, since=since, until=now):
+        if run.held is None and run.trigger in SLOT_TRIGGERS:
+            hold(job_id, run.due_at, deps)
+    unclaimed = _slots_between(job, job.paused_next_fire_at, now)
+    held = [r.due_at for r in held_runs(job_id, deps)]
+    kept, dropped = select_slots([*held, *unclaimed], job.catch_up)
+    keep_unclaimed = [d for d in kept if d in set(unclaimed)]
+    # the kept slots nobody claimed yet become held runs first: if this request dies here, the sweeper
+    # releases them once the job is resumed (or the next resume does); the newest says how many were dropped
+    for due_at in keep_unclaimed:
+        run = new_run(
+            job,
+            due_at,
+            deps,
+            trigger=Trigger.SCHEDULE,
+            missed_slots=len(dropped) if due_at == kept[-1] else 0,
+        ).model_copy(update={"held": "paused", "watch_at": now + timedelta(seconds=HOLD_RECHECK_SECONDS)})
+        with suppress(AlreadyClaimedError):
+            deps.store.put_new_run(run)
+    if job.paused_next_fire_at is None:
+        nxt = None
+    elif job.paused_next_fire_at > now:
+        nxt = job.paused_next_fire_at
+    else:
+        nxt = next_fire_after(job, now)
     resumed = job.model_copy(
         update={
             "state": JobState.ACTIVE if nxt else JobState.COMPLETED,
             "next_fire_at": nxt,
             "paused_next_fire_at": None,
+            "paused_at": None,
+            "missed_slots": job.missed_slots + len(unclaimed) - len(keep_unclaimed),
             "updated_at": now,
             "version": job.version + 1,
         }
     )
     deps.store.replace_job(resumed, expected_version=job.version, expected_next_fire_at=None)
+    if nxt is None and job.schedule is not None:
+        deps.store.add_active_jobs(job.tenant, -1)  # COMPLETED: no longer counts against the quota
+    release_held(job_id, resumed, deps)
     return _claim_due_now(resumed, deps)
+
+
+def _pending_first_attempts(job_id: str, deps: Deps, *, since: datetime, until: datetime) -> list[Run]:
+    """The job's PENDING first attempts due in ``[since, until]`` (one Query of the job's runs)."""
+    found: list[Run] = []
+    token: dict[str, Any] | None = None
+    while True:
+        page, token = deps.store.query_runs(
+            job_id, limit=100, start_key=token, state=RunState.PENDING.value, since=since, until=until
+        )
+        found += [r for r in page if r.attempt == 1]
+        if token is None:
+            return found
+
+
+def _slots_between(job: Job, first: datetime | None, now: datetime) -> list[datetime]:
+    """The job's slots from ``first`` up to ``now`` (inclusive), oldest first: at most MAX_WALKED_SLOTS
+    walked one by one, then the newest slot stands for the rest (catch-up keeps at most 1,000)."""
+    schedule = schedule_of(job)
+    if first is None or first > now or schedule is None:
+        return []
+    slots: list[datetime] = []
+    cursor: datetime | None = first
+    while cursor is not None and cursor <= now and len(slots) < MAX_WALKED_SLOTS:
+        slots.append(truncate_ms(cursor))
+        cursor = schedule.next_after(cursor)
+    if cursor is not None and cursor <= now:
+        latest = schedule.latest_at_or_before(now)
+        if latest is not None:
+            slots.append(truncate_ms(latest))
+    return slots
 
 
 def trigger_job(job_id: str, *, tenant: str, deps: Deps, ignore_overlap: bool = False) -> Run:
@@ -588,7 +713,6 @@ def trigger_job(job_id: str, *, tenant: str, deps: Deps, ignore_overlap: bool = 
 
     The run obeys the job's overlap policy unless ``ignore_overlap``. Raises NotFoundError, ConflictError.
     """
-    from duetime.claims import new_run
     from duetime.models import OverlapPolicy
 
     job = get_job(job_id, tenant=tenant, deps=deps)
@@ -634,6 +758,15 @@ def delete_job(job_id: str, *, tenant: str, deps: Deps, cancel_running: bool = F
                 cancel(run.job_id, run.due_at, deps, reason="job deleted with cancel_running=true")
             if token is None:
                 break
+    # no further runs: those claimed ahead or held by a pause end SKIPPED (deleted) now; any other PENDING
+    # first attempt is skipped when its start re-checks the job
+    since = deps.clock.now() - timedelta(seconds=deps.settings.tick_lookahead_seconds)
+
+    def settle() -> None:
+        release_held(job_id, job, deps)
+        settle_claimed_ahead(job, job_id, deps, since=since)
+
+    _after_commit("settle", {"job_id": job_id}, settle)
     return job
 
 

@@ -344,18 +344,28 @@ class OnTimeout(BaseModel):
 
 
 class CatchUpPolicy(BaseModel):
-    """What to do with slots missed while nothing ticked (an outage, a pause).
+    """What to do with missed slots (DESIGN.md section 5, "catch-up, defined once").
 
-    ``latest`` (default): run the most recent missed slot once and count the others (``missed_slots``);
-    ``all``: run every missed slot, at most the ``max_runs`` most recent (trigger ``backfill``); ``none``:
-    skip them all and wait for the next future slot. Never a stall (Kubernetes' "too many missed start
-    times"), never a storm unless ``all`` was asked for.
+    A slot is *missed* when its run would start more than ``tolerance_seconds`` after its due time, whatever
+    made it late (the stack down, no worker free, a backlog) and whether it was claimed before or after.
+    ``latest`` (default): of the job's missed slots only the newest runs; ``all``: the ``max_runs`` newest
+    run (older ones are claimed with trigger ``backfill``); ``none``: none of them runs. The others end
+    ``SKIPPED`` (reason ``missed``) or, if never claimed, are only counted (the job's ``missed_slots``).
+    Slots held back by a pause follow the same policy at resume, whatever their lateness (reason
+    ``paused``). Never a stall (Kubernetes' "too many missed start times"), never a storm unless ``all``
+    was asked for.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     policy: Literal["latest", "all", "none"] = "latest"
     max_runs: SInt = Field(default=100, ge=1, le=1000, description="bound on backfilled runs for `all`")
+    tolerance_seconds: SFloat = Field(
+        default=60.0,
+        ge=1,
+        le=7 * 86400,
+        description="a slot whose run would start more than this many seconds after its due time is missed",
+    )
 
 
 class OverlapPolicy(BaseModel):
@@ -407,6 +417,8 @@ class Job(BaseModel):
     missed_slots: int = 0
     #: PAUSED jobs: the first fire the pause held back (resume restarts from it; catch-up applies)
     paused_next_fire_at: Instant | None = None
+    #: PAUSED jobs: when the pause began (the resume decides every slot due since, claimed or not)
+    paused_at: Instant | None = None
     state: JobState
     shard: int
     next_fire_at: Instant | None
@@ -490,6 +502,10 @@ class Run(BaseModel):
     retry_at: Instant | None = None
     #: for catch-up: how many earlier slots were skipped when this one was claimed.
     missed_slots: int = 0
+    #: a PENDING run held back at its start because its job was paused (``"paused"``); resume decides
+    held: str | None = None
+    #: the attempt from which the current retry budget counts (a re-drive starts a fresh one), for backoff
+    budget_from_attempt: int = 1
     dead_lettered: bool = False
     dead_lettered_at: Instant | None = None
     attempts: list[AttemptRecord] = Field(default_factory=list)
@@ -538,6 +554,8 @@ class RunMessage(BaseModel):
     tenant: str | None = None
     #: the queue it travels on (so a start held back by a tenant quota can put it back)
     tier: str | None = None
+    #: why the run exists (a schedule slot is re-checked against its job at start; a manual run is not)
+    trigger: Trigger | None = None
 
     @property
     def run_id(self) -> str:

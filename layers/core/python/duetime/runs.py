@@ -10,17 +10,19 @@ Every transition is one conditional update in :class:`~duetime.store.DynamoStore
 from __future__ import annotations
 
 from contextlib import suppress
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from aws_lambda_powertools.metrics import MetricUnit
 
+from duetime import admission
+from duetime.admission import SLOT_TRIGGERS, Verdict, admit, is_slot, schedule_of, select_slots
 from duetime.deps import Deps
 from duetime.errors import AlreadyClaimedError, LeaseLostError, StartRejectedError
 from duetime.logs import log_key
-from duetime.models import AttemptRecord, Run, RunMessage, RunState, Trigger
+from duetime.models import AttemptRecord, Job, JobState, Run, RunMessage, RunState, Trigger
 from duetime.observability import emit_metric, logger
 from duetime.queue import delay_seconds
-from duetime.resources import RUNNING_INDEX_PK, SQS_MAX_DELAY_SECONDS
+from duetime.resources import ACTIVE_INDEX_PK, RUNNING_INDEX_PK, SQS_MAX_DELAY_SECONDS
 from duetime.retries import backoff_delay
 from duetime.store import ConditionFailedError, Update, terminal_removals
 from duetime.timeutil import truncate_ms
@@ -31,6 +33,10 @@ FINISH_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.TIMED_O
 
 #: how long a run whose tenant is at its RUNNING quota waits before its start is tried again, seconds
 TENANT_BUSY_RETRY_SECONDS = 5
+#: how often the sweeper looks at a run held by a pause (the backstop if a resume missed it), seconds
+HOLD_RECHECK_SECONDS = 300
+#: the latest due time a query for a job's held runs covers (all of them)
+_FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 class NotStartedError(StartRejectedError):
@@ -59,6 +65,8 @@ def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float |
             (``NotStartedError``) the policy kept it from starting. Either way: drop the message.
     """
     now = deps.clock.now()
+    if message.attempt == 1:
+        _admit(message, deps, now)
     if message.overlap:
         _apply_overlap(message, deps)
     limit = deps.settings.tenant_max_running
@@ -110,6 +118,150 @@ def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float |
     return started
 
 
+def _admit(message: RunMessage, deps: Deps, now: datetime) -> None:
+    """Re-check a first attempt against its job as it is now (:func:`duetime.admission.admit`).
+
+    Raises:
+        NotStartedError: the run was SKIPPED (deleted, schedule_changed, missed) or held (paused).
+    """
+    trigger = message.trigger
+    if trigger is None:  # a message sent before triggers travelled with it: the row knows
+        row = deps.store.get_run(message.job_id, message.due_at)
+        if row is None or row.state is not RunState.PENDING:
+            return  # the conditional start rejects it
+        trigger = row.trigger
+    job = deps.store.get_job(message.job_id)
+    verdict = admit(
+        job=job,
+        due_at=message.due_at,
+        trigger=trigger,
+        attempt=message.attempt,
+        now=now,
+        schedule=schedule_of(job) if job is not None else None,
+    )
+    if verdict.verdict is Verdict.START:
+        return
+    if verdict.verdict is Verdict.HOLD:
+        hold(message.job_id, message.due_at, deps)
+        raise NotStartedError(f"run {message.run_id} held: its job is paused")
+    reason = verdict.reason or "skipped"
+    skipped = skip_pending(message.job_id, message.due_at, deps, attempt=1, reason=reason)
+    if skipped is not None and reason == admission.MISSED:
+        deps.store.add_missed_slots(message.job_id, 1)
+    raise NotStartedError(f"run {message.run_id} skipped: {reason}")
+
+
+def hold(job_id: str, due_at: datetime, deps: Deps) -> Run | None:
+    """PENDING (attempt 1) -> held: the run of a paused job waits, out of the queue, for the resume.
+
+    It joins the job's active-runs index (so the resume finds it) and is watched again after
+    HOLD_RECHECK_SECONDS (the sweeper's backstop). Returns None if the run moved on meanwhile.
+    """
+    now = deps.clock.now()
+    upd = Update(conditions={"state": RunState.PENDING.value, "attempt": 1, "held": None})
+    upd.sets.update(held=admission.PAUSED, watch_at=now + timedelta(seconds=HOLD_RECHECK_SECONDS))
+    upd.sets[ACTIVE_INDEX_PK] = job_id
+    upd.appends["events"] = [{"at": now, "kind": "held", "detail": {"reason": admission.PAUSED}}]
+    try:
+        held = deps.store.update_run(job_id, due_at, upd)
+    except ConditionFailedError:
+        return None
+    logger.info("run held: job paused", extra={"run_id": held.run_id})
+    return held
+
+
+def held_runs(job_id: str, deps: Deps) -> list[Run]:
+    """The job's runs held by a pause, oldest first (read strongly consistent after the index query)."""
+    found = []
+    for due_at in deps.store.query_active(job_id, before=_FAR_FUTURE):
+        run = deps.store.get_run(job_id, due_at)
+        if run is not None and run.state is RunState.PENDING and run.held is not None:
+            found.append(run)
+    return found
+
+
+def release_held(job_id: str, job: Job | None, deps: Deps) -> tuple[int, int]:
+    """Settle the runs a pause held, once the job is no longer PAUSED.
+
+    Deleted job: all end SKIPPED (``deleted``). Otherwise the ones that are no longer slots of the job's
+    schedule end SKIPPED (``schedule_changed``), and the catch-up policy picks among the rest
+    (:func:`duetime.admission.select_slots`, whatever their lateness): the kept ones go back to the queue
+    at once, the others end SKIPPED (``paused``) and count in the job's ``missed_slots``. Every step is
+    conditional, so a resume and the sweeper may both run it.
+
+    Returns:
+        (released, skipped) counts. Nothing happens while the job is still PAUSED.
+    """
+    if job is not None and job.state is JobState.PAUSED:
+        return 0, 0
+    held = held_runs(job_id, deps)
+    if not held:
+        return 0, 0
+    skipped = 0
+    if job is None or job.state is JobState.DELETED:
+        for run in held:
+            skipped += skip(run, deps, reason=admission.DELETED) is not None
+        return 0, skipped
+    schedule = schedule_of(job)
+    slots = []
+    for run in held:
+        if schedule is not None and run.trigger in SLOT_TRIGGERS and not is_slot(run.due_at, schedule):
+            skipped += skip(run, deps, reason=admission.SCHEDULE_CHANGED) is not None
+        else:
+            slots.append(run)
+    kept, dropped = select_slots([r.due_at for r in slots], job.catch_up)
+    by_due = {r.due_at: r for r in slots}
+    dropped_count = 0
+    for due_at in dropped:
+        dropped_count += skip(by_due[due_at], deps, reason=admission.PAUSED) is not None
+    if dropped_count:
+        deps.store.add_missed_slots(job_id, dropped_count)
+    released = 0
+    now = deps.clock.now()
+    for due_at in kept:
+        run = by_due[due_at]
+        upd = Update(conditions={"state": RunState.PENDING.value, "attempt": run.attempt, "held": run.held})
+        upd.sets["watch_at"] = now + timedelta(seconds=deps.settings.pending_grace_seconds)
+        upd.removes.append("held")
+        if not run.overlap.enforced:
+            upd.removes.append(ACTIVE_INDEX_PK)
+        upd.appends["events"] = [{"at": now, "kind": "released", "detail": {"reason": "resumed"}}]
+        try:
+            released_run = deps.store.update_run(run.job_id, run.due_at, upd)
+        except ConditionFailedError:
+            continue
+        deps.queues.send(released_run.task.tier, message_for(released_run))
+        released += 1
+    return released, skipped + dropped_count
+
+
+def settle_claimed_ahead(job: Job | None, job_id: str, deps: Deps, *, since: datetime) -> int:
+    """End at once the job's PENDING first attempts due from ``since`` on that would not start anyway.
+
+    The start re-checks every run (:func:`_admit`); this applies the same verdict ahead of time to the
+    runs a tick claimed inside its look-ahead, so that a DELETE or a schedule change shows at once
+    (``deleted``, ``schedule_changed``). Returns how many runs were SKIPPED.
+    """
+    schedule = schedule_of(job) if job is not None else None
+    skipped = 0
+    token = None
+    while True:
+        found, token = deps.store.query_runs(job_id, limit=100, start_key=token, state="PENDING", since=since)
+        for run in found:
+            if run.attempt != 1 or run.held is not None:
+                continue
+            verdict = admit(
+                job=job, due_at=run.due_at, trigger=run.trigger, attempt=1, now=run.due_at, schedule=schedule
+            )
+            if verdict.verdict is Verdict.SKIP and verdict.reason in (
+                admission.DELETED,
+                admission.SCHEDULE_CHANGED,
+            ):
+                skipped += skip(run, deps, reason=verdict.reason) is not None
+        if token is None:
+            return skipped
+
+
 def _apply_overlap(message: RunMessage, deps: Deps) -> None:
     """Enforce the job's overlap policy before starting; raises NotStartedError when it must not start."""
     run = deps.store.get_run(message.job_id, message.due_at)
@@ -147,16 +299,25 @@ def _wait(run: Run, deps: Deps) -> None:
 
 def skip(run: Run, deps: Deps, *, reason: str) -> Run | None:
     """PENDING -> SKIPPED (terminal) with ``reason`` as its error; None if the run moved on meanwhile."""
+    return skip_pending(run.job_id, run.due_at, deps, attempt=run.attempt, reason=reason)
+
+
+def skip_pending(job_id: str, due_at: datetime, deps: Deps, *, attempt: int, reason: str) -> Run | None:
+    """The run ``(job_id, due_at)``, PENDING at ``attempt`` -> SKIPPED with ``reason`` as its error.
+
+    Returns the run as stored, or None if it was not PENDING at that attempt (it moved on meanwhile).
+    """
     now = deps.clock.now()
-    upd = Update(conditions={"state": RunState.PENDING.value, "attempt": run.attempt})
+    upd = Update(conditions={"state": RunState.PENDING.value, "attempt": attempt})
     upd.sets.update(state=RunState.SKIPPED.value, finished_at=now, error=reason)
     upd.removes.extend(terminal_removals())
+    upd.removes.append("held")
     upd.appends["events"] = [{"at": now, "kind": "skipped", "detail": {"reason": reason}}]
     try:
-        skipped = deps.store.update_run(run.job_id, run.due_at, upd)
+        skipped = deps.store.update_run(job_id, due_at, upd)
     except ConditionFailedError:
         return None
-    logger.info("run skipped", extra={"run_id": run.run_id, "reason": reason})
+    logger.info("run skipped", extra={"run_id": skipped.run_id, "reason": reason})
     after_terminal(skipped, deps)
     return skipped
 
@@ -218,6 +379,7 @@ def message_for(run: Run, *, attempt: int | None = None) -> RunMessage:
         kill_grace_seconds=run.on_timeout.kill_grace_seconds,
         tenant=run.tenant,
         tier=run.task.tier,
+        trigger=run.trigger,
     )
 
 
@@ -342,11 +504,12 @@ def trigger_on_timeout(run: Run, deps: Deps) -> Run | None:
 
     target_id = run.on_timeout.job_id
     target = deps.store.get_job(target_id) if target_id else None
-    if target is None or target.tenant != run.tenant:
-        logger.error(
+    if not triggerable(target, run.tenant):
+        logger.warning(
             "timeout handler: job to trigger is gone", extra={"run_id": run.run_id, "job": target_id}
         )
         return None
+    assert target is not None
     due_at = truncate_ms(run.deadline_at or run.finished_at or deps.clock.now())
     triggered = new_run(target, due_at, deps, trigger=Trigger.TIMEOUT_HANDLER).model_copy(
         update={"triggered_by": run.run_id}
@@ -357,6 +520,12 @@ def trigger_on_timeout(run: Run, deps: Deps) -> Run | None:
         pass
     deps.queues.send(triggered.task.tier, message_for(triggered))
     return triggered
+
+
+def triggerable(target: Job | None, tenant: str) -> bool:
+    """Whether ``on_timeout: trigger`` may start a run of ``target``: it exists, is the same tenant's and
+    is not DELETED (a manual trigger of a deleted job is a 409 for the same reason)."""
+    return target is not None and target.tenant == tenant and target.state is not JobState.DELETED
 
 
 def _count_dead_letter(run: Run) -> None:
@@ -427,6 +596,14 @@ def _attempt_end_update(
     interrupted_before = min(
         MAX_FREE_INTERRUPTIONS, sum(1 for a in run.attempts if a.reason == INTERRUPTED_REASON)
     )
+    # the backoff counts the attempts of the current budget (a re-drive starts a fresh one)
+    interrupted_in_budget = min(
+        MAX_FREE_INTERRUPTIONS,
+        sum(
+            1 for a in run.attempts if a.reason == INTERRUPTED_REASON and a.attempt >= run.budget_from_attempt
+        ),
+    )
+    failed_in_budget = run.attempt - run.budget_from_attempt + 1 - interrupted_in_budget
     free = (
         outcome is RunState.FAILED
         and reason == INTERRUPTED_REASON
@@ -435,7 +612,7 @@ def _attempt_end_update(
     max_attempts = run.max_attempts + 1 if free else run.max_attempts
     if retryable and run.attempt < max_attempts:
         # the backoff grows with the attempts that failed, not with those given back for free
-        delay = 0.0 if free else backoff_delay(run.retry, run.attempt - interrupted_before)
+        delay = 0.0 if free else backoff_delay(run.retry, max(1, failed_in_budget))
         if free:
             upd.sets["max_attempts"] = max_attempts
         retry_at = now + timedelta(seconds=delay)
@@ -480,7 +657,8 @@ def expire_lease(run: Run, deps: Deps) -> Run:
         outcome=RunState.FAILED,
         exit_code=None,
         error="worker lost: lease expired without a heartbeat",
-        log_key=None,
+        # the worker streamed the attempt's output in chunks while it ran: what it sent before dying stays
+        log_key=log_key(run.job_id, run.run_id, run.attempt),
         reason="worker_lost",
         worker=run.lease_owner,
     )

@@ -153,7 +153,7 @@ def run_to_item(run: Run, *, retention_days: int) -> dict[str, Any]:
     data = _encode_json_fields(run.model_dump(mode="python"))
     if not run.state.terminal and run.watch_at is not None:
         data[WATCH_INDEX_PK] = run.shard
-    if not run.state.terminal and run.overlap.enforced:
+    if not run.state.terminal and (run.overlap.enforced or run.held is not None):
         data[ACTIVE_INDEX_PK] = run.job_id
     if run.dead_lettered:
         data[DEAD_LETTER_INDEX_PK] = run.tenant
@@ -506,6 +506,16 @@ class DynamoStore:
                 raise StaleClaimError(f"job {job_id!r} was already advanced past {to_iso(claimed)}") from None
             raise
 
+    def add_missed_slots(self, job_id: str, count: int) -> None:
+        """Add ``count`` to the job's ``missed_slots`` (slots catch-up or a pause skipped at start)."""
+        upd = Update(extra_condition="attribute_exists(job_id)")
+        upd.adds["missed_slots"] = count
+        try:
+            self._ddb.update_item(TableName=self.jobs_table, Key=serialize({"job_id": job_id}), **upd.build())
+        except ClientError as exc:
+            if not _is_condition_failure(exc):
+                raise
+
     # ---- runs ----------------------------------------------------------------------------------------
     def _run_key(self, job_id: str, due_at: datetime) -> dict[str, Any]:
         return serialize({"job_id": job_id, "due_at": due_at})
@@ -752,6 +762,8 @@ class DynamoStore:
             f" AND {att} = {upd.value('prev_att', attempt - 1)} AND {retry_at} <= {now_v}))"
             # attempt 1 must start by its starting deadline (retries are past it by design)
             f" AND (attribute_not_exists({deadline}) OR {deadline} >= {now_v} OR {att} > {upd.value('one', 1)})"
+            # a run held by its job's pause starts only once the resume released it
+            f" AND attribute_not_exists({upd.name('held')})"
         )
         upd.sets.update(
             state=RunState.RUNNING.value,

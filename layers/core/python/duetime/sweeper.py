@@ -2,6 +2,8 @@
 
 It reads only the watchdog GSI (non-terminal runs whose ``watch_at`` has passed), never scans, and every
 action is a conditional update, so running it twice at once is safe:
+- PENDING and held by its job's pause: while the job is paused, look again later; once it is not (a resume
+  that missed the run), settle it as the resume does (:func:`duetime.runs.release_held`).
 - PENDING past due + grace: the message was lost (or is late); re-send it ([S0] "the run row is the truth"),
   unless attempt 1 is past its starting deadline: then it is SKIPPED.
 - RUNNING past its deadline (plus the worker's kill grace and one heartbeat): the worker is stuck or cut
@@ -19,10 +21,10 @@ from datetime import timedelta
 
 from duetime.deps import Deps
 from duetime.errors import LeaseLostError
-from duetime.models import Run, RunState
+from duetime.models import JobState, Run, RunState
 from duetime.observability import logger
 from duetime.queue import delay_seconds
-from duetime.runs import expire_lease, handler_due_at, message_for, skip
+from duetime.runs import HOLD_RECHECK_SECONDS, expire_lease, handler_due_at, message_for, release_held, skip
 from duetime.store import ConditionFailedError, Update
 from duetime.timeouts import start_handler
 
@@ -37,6 +39,7 @@ class SweepResult:
     retries_released: int = 0
     deadline_skipped: int = 0
     timeouts_handled: int = 0
+    held_rechecked: int = 0
     skipped: int = 0
 
 
@@ -46,7 +49,10 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
     result = SweepResult(shard=shard)
     for run in deps.store.query_watch(shard, now):
         try:
-            if run.state is RunState.PENDING:
+            if run.state is RunState.PENDING and run.held is not None:
+                _recheck_held(run, deps)
+                result.held_rechecked += 1
+            elif run.state is RunState.PENDING:
                 if run.attempt == 1 and run.start_deadline_at is not None and now > run.start_deadline_at:
                     skip(run, deps, reason="starting_deadline_exceeded")
                     result.deadline_skipped += 1
@@ -73,6 +79,18 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
         except (ConditionFailedError, LeaseLostError):
             result.skipped += 1  # someone else moved the run on meanwhile: nothing to do
     return result
+
+
+def _recheck_held(run: Run, deps: Deps) -> None:
+    """A run held by its job's pause: still paused, look again later; otherwise settle the job's held runs
+    as the resume would have (the backstop for a resume that missed one, or a crash mid-resume)."""
+    job = deps.store.get_job(run.job_id)
+    if job is not None and job.state is JobState.PAUSED:
+        upd = Update(conditions={"state": RunState.PENDING.value, "attempt": run.attempt, "held": run.held})
+        upd.sets["watch_at"] = deps.clock.now() + timedelta(seconds=HOLD_RECHECK_SECONDS)
+        deps.store.update_run(run.job_id, run.due_at, upd)
+        return
+    release_held(run.job_id, job, deps)
 
 
 def _resend(run: Run, deps: Deps) -> None:

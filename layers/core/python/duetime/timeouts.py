@@ -122,7 +122,7 @@ def state_machine_definition() -> dict[str, Any]:
                     {"Variable": "$.retry_message", "IsPresent": True, "Next": "SendRetry"},
                     {"Variable": "$.triggered_run", "IsPresent": True, "Next": "PutTriggeredRun"},
                 ],
-                "Default": "Handled",
+                "Default": "HasSuccessor",
             },
             "SendRetry": send("retry_message", "Handled"),
             "PutTriggeredRun": {
@@ -143,7 +143,13 @@ def state_machine_definition() -> dict[str, Any]:
                 ],
                 "Next": "SendTriggered",
             },
-            "SendTriggered": send("triggered_message", "Handled"),
+            "SendTriggered": send("triggered_message", "HasSuccessor"),
+            "HasSuccessor": {
+                "Type": "Choice",
+                "Choices": [{"Variable": "$.successor_message", "IsPresent": True, "Next": "WakeSuccessor"}],
+                "Default": "Handled",
+            },
+            "WakeSuccessor": send("successor_message", "Handled"),
             "Handled": {"Type": "Succeed"},
             "AlreadySettled": {
                 "Type": "Succeed",
@@ -174,6 +180,10 @@ class TimeoutPlan:
     retry_message: dict[str, Any] | None
     triggered_run: dict[str, Any] | None
     triggered_message: dict[str, Any] | None
+    #: the wake-up of the overlap successor waiting behind the run, when the fence ends the run
+    successor_message: dict[str, Any] | None = None
+    #: the fence ends the run dead-lettered (no attempts left)
+    dead_letters: bool = False
 
     def execution_input(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -182,7 +192,7 @@ class TimeoutPlan:
             "action": self.action,
             "fence": self.fence,
         }
-        for key in ("retry_message", "triggered_run", "triggered_message"):
+        for key in ("retry_message", "triggered_run", "triggered_message", "successor_message"):
             value = getattr(self, key)
             if value is not None:
                 data[key] = value
@@ -196,7 +206,7 @@ def plan_timeout(run: Run, deps: Deps) -> TimeoutPlan:
     plus a fencing-token bump, conditional on RUNNING under the stuck worker's token.
     """
     from duetime.claims import new_run
-    from duetime.runs import _attempt_end_update, message_for
+    from duetime.runs import _attempt_end_update, message_for, triggerable
 
     now = deps.clock.now()
     name = execution_name(run)
@@ -231,7 +241,7 @@ def plan_timeout(run: Run, deps: Deps) -> TimeoutPlan:
         }
     if run.on_timeout.action == "trigger" and run.on_timeout.job_id:
         target = deps.store.get_job(run.on_timeout.job_id)
-        if target is not None and target.tenant == run.tenant:
+        if triggerable(target, run.tenant) and target is not None:
             due_at = run.deadline_at or now
             new = new_run(target, due_at, deps, trigger=Trigger.TIMEOUT_HANDLER).model_copy(
                 update={"triggered_by": run.run_id}
@@ -247,6 +257,19 @@ def plan_timeout(run: Run, deps: Deps) -> TimeoutPlan:
                 "DelaySeconds": 0,
                 "MessageGroupId": new.tenant[:128],
             }
+    terminal = upd.sets.get("state") != RunState.RETRY_WAIT.value
+    successor_message = None
+    if terminal and run.overlap.enforced:
+        # the run ends here: its overlap successor, waiting PENDING behind it, is woken at once
+        for due_at in deps.store.query_active_after(run.job_id, after=run.due_at, limit=1):
+            waiting = deps.store.get_run(run.job_id, due_at)
+            if waiting is not None and waiting.state is RunState.PENDING and waiting.held is None:
+                successor_message = {
+                    "QueueUrl": deps.settings.queue_url(waiting.task.tier),
+                    "MessageBody": message_for(waiting).model_dump_json(),
+                    "DelaySeconds": 0,
+                    "MessageGroupId": waiting.tenant[:128],
+                }
     return TimeoutPlan(
         run_id=run.run_id,
         attempt=run.attempt,
@@ -256,6 +279,8 @@ def plan_timeout(run: Run, deps: Deps) -> TimeoutPlan:
         retry_message=retry_message,
         triggered_run=triggered_run,
         triggered_message=triggered_message,
+        successor_message=successor_message,
+        dead_letters=bool(upd.sets.get("dead_lettered")),
     )
 
 
@@ -281,9 +306,17 @@ def start_handler(run: Run, deps: Deps) -> str:
         if exc.response.get("Error", {}).get("Code") != "ExecutionAlreadyExists":
             raise
         return plan.name
-    emit_metric("RunTimedOut")
+    _count(plan)
     logger.warning("timeout handler started", extra={"run_id": run.run_id, "execution": plan.name})
     return plan.name
+
+
+def _count(plan: TimeoutPlan) -> None:
+    """The metrics of a fenced attempt, the same as when a worker reports the timeout itself."""
+    emit_metric("RunTimedOut")
+    if plan.dead_letters:
+        emit_metric("RunDeadLettered")
+        logger.error("run dead-lettered", extra={"run_id": plan.run_id, "attempts": plan.attempt})
 
 
 def apply_plan(plan: TimeoutPlan, deps: Deps) -> bool:
@@ -295,7 +328,7 @@ def apply_plan(plan: TimeoutPlan, deps: Deps) -> bool:
         if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
             return False
         raise
-    emit_metric("RunTimedOut")
+    _count(plan)
     if plan.retry_message is not None:
         sqs.send_message(**plan.retry_message)
     if plan.triggered_run is not None and plan.triggered_message is not None:
@@ -305,6 +338,8 @@ def apply_plan(plan: TimeoutPlan, deps: Deps) -> bool:
             if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
                 raise
         sqs.send_message(**plan.triggered_message)
+    if plan.successor_message is not None:
+        sqs.send_message(**plan.successor_message)
     return True
 
 

@@ -1,0 +1,127 @@
+"""Job actions govern runs already claimed, end to end on the local stack with its default 60 s tick.
+
+With a 60 s tick the look-ahead is 75 s: a `rate(10 seconds)` job submitted at S has its runs due at S+10 ..
+S+70 claimed by the submit itself, each waiting on a delayed SQS message. Pause, delete and a schedule
+PATCH must govern those runs (DESIGN.md section 5, "claimed ahead, decided at start").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import Stack, start_stack, stop_stack
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def default_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = start_stack(Path(tmp_path_factory.mktemp("actions")), "--workers", "1")
+    yield s
+    stop_stack(s)
+
+
+def _ts(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _job(name: str, **kw) -> dict:
+    return {
+        "name": name,
+        "schedule": {"expression": "rate(10 seconds)"},
+        "task": {"kind": "container", "command": ["true"]},
+        **kw,
+    }
+
+
+def _sleep_until(t: float) -> None:
+    time.sleep(max(0.0, t - time.monotonic()))
+
+
+def _runs(stack: Stack, job_id: str) -> list[dict]:
+    status, body = stack.request("GET", f"/jobs/{job_id}/runs?limit=100")
+    assert status == 200, body
+    return sorted(body["runs"], key=lambda r: r["due_at"])
+
+
+def _started(run: dict) -> bool:
+    return run["started_at"] is not None or bool(run["attempts"])
+
+
+def test_pause_delete_and_a_schedule_change_govern_the_runs_claimed_ahead(default_stack: Stack) -> None:
+    stack = default_stack
+    t0 = time.monotonic()
+    policies = ("none", "latest", "all")
+    paused = {
+        p: stack.request("POST", "/jobs", _job(f"pause-{p}", catch_up={"policy": p}))[1] for p in policies
+    }
+    deleted = stack.request("POST", "/jobs", _job("deleted"))[1]
+    changed = stack.request("POST", "/jobs", _job("changed"))[1]
+    for job in (*paused.values(), deleted, changed):
+        assert len(_runs(stack, job["job_id"])) == 7, "the submit claims the 75 s look-ahead"
+
+    # pause at +5 s (before the first run, due at +10 s)
+    _sleep_until(t0 + 5)
+    pause_at = {}
+    for p, job in paused.items():
+        status, body = stack.request("POST", f"/jobs/{job['job_id']}/pause")
+        assert status == 200 and body["state"] == "PAUSED"
+        pause_at[p] = _ts(body["paused_at"])
+
+    # at +12 s: delete one job (its run due at +10 s has run) and move another to rate(30 seconds)
+    _sleep_until(t0 + 12)
+    status, body = stack.request("DELETE", f"/jobs/{deleted['job_id']}")
+    assert status == 200, body
+    deleted_at = _ts(body["updated_at"])
+    status, patched = stack.request(
+        "PATCH", f"/jobs/{changed['job_id']}", {"schedule": {"expression": "rate(30 seconds)"}}
+    )
+    assert status == 200, patched
+    changed_at = _ts(patched["updated_at"])
+    new_first = changed_at + timedelta(seconds=30)  # the new rate counts from the change
+    # the PATCH claimed the new slots inside the look-ahead (+30 s, +60 s): next_fire_at is the next unclaimed
+    assert _ts(patched["next_fire_at"]) == changed_at + timedelta(seconds=90)
+
+    # resume 40 s after the pause
+    _sleep_until(t0 + 45)
+    resume_at = {}
+    for p, job in paused.items():
+        status, body = stack.request("POST", f"/jobs/{job['job_id']}/resume")
+        assert status == 200 and body["state"] == "ACTIVE", body
+        resume_at[p] = _ts(body["updated_at"])
+    _sleep_until(t0 + 62)
+
+    # pause: of the runs due during the pause, `none` started none, `latest` the newest, `all` every one;
+    # the others ended SKIPPED (paused)
+    for p, job in paused.items():
+        found = _runs(stack, job["job_id"])
+        during = [r for r in found if pause_at[p] < _ts(r["due_at"]) <= resume_at[p]]
+        assert len(during) == 4, [r["due_at"] for r in found]
+        started = [r["due_at"] for r in during if _started(r)]
+        expected = {"none": [], "latest": [during[-1]["due_at"]], "all": [r["due_at"] for r in during]}[p]
+        assert started == expected, (p, during)
+        assert {(r["state"], r["error"]) for r in during if not _started(r)} <= {("SKIPPED", "paused")}
+        assert all(r["state"] == "SUCCEEDED" for r in during if _started(r)), during
+        # and the slots after the resume ran as usual
+        after = [r for r in found if resume_at[p] < _ts(r["due_at"]) <= _ts(found[-1]["due_at"])]
+        assert any(r["state"] == "SUCCEEDED" for r in after), (p, found)
+
+    # delete: no run due after the DELETE started; each claimed one ended SKIPPED (deleted)
+    found = _runs(stack, deleted["job_id"])
+    later = [r for r in found if _ts(r["due_at"]) > deleted_at]
+    assert later and not any(_started(r) for r in later)
+    assert {(r["state"], r["error"]) for r in later} == {("SKIPPED", "deleted")}
+
+    # schedule change: the old schedule's claimed slots did not run; the new one runs from its next slot
+    found = _runs(stack, changed["job_id"])
+    old = [r for r in found if changed_at < _ts(r["due_at"]) < new_first]
+    assert len(old) == 3 and not any(_started(r) for r in old), found
+    assert {(r["state"], r["error"]) for r in old} == {("SKIPPED", "schedule_changed")}
+    [first_new] = [r for r in found if _ts(r["due_at"]) == new_first]
+    assert first_new["state"] == "SUCCEEDED" and 0 <= first_new["lag_seconds"] < 5
+    assert datetime.now(UTC) > new_first

@@ -68,7 +68,7 @@ class Workload:
 
 FULL = Workload()
 QUICK = Workload(
-    run_now=5, at_jobs=3, failing_once=3, repeating=2, repeat_every_s=5, repeat_fires=4, long_seconds=20
+    run_now=5, at_jobs=3, failing_once=3, repeating=2, repeat_every_s=10, repeat_fires=3, long_seconds=20
 )
 
 

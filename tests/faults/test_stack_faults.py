@@ -50,7 +50,7 @@ def _submit(stack: Stack, job_id: str, command: list[str], **fields: Any) -> str
 
 def _rate_until(seconds: float) -> dict[str, Any]:
     end = datetime.now(UTC) + timedelta(seconds=seconds)
-    return {"expression": "rate(2 seconds)", "end_at": end.isoformat()}
+    return {"expression": "rate(10 seconds)", "end_at": end.isoformat()}
 
 
 def _at(when: datetime) -> dict[str, Any]:
@@ -84,9 +84,9 @@ def test_a_stack_restarted_while_runs_are_in_flight_completes_every_run(
     args = (*FAST, "--workers", "2", "--aws-endpoint", moto_endpoint)
     first = stacks(tmp_path / "a", *args)
     retry = {"max_attempts": 4, "backoff_seconds": 0}
-    # Given runs in flight: three 3-second run-now jobs and a job firing every 2 s for 10 s
+    # Given runs in flight: three 3-second run-now jobs and a job firing every 10 s for 30 s
     job_ids = [_submit(first, f"inflight{i}", effects.command("sleep 3"), retry=retry) for i in range(3)]
-    job_ids.append(_submit(first, "rate", effects.command("sleep 1"), retry=retry, schedule=_rate_until(10)))
+    job_ids.append(_submit(first, "rate", effects.command("sleep 1"), retry=retry, schedule=_rate_until(30)))
     wait_for(
         "runs in flight",
         lambda: sum(r["state"] == "RUNNING" for j in job_ids for r in runs_of(first, j)) >= 2,
@@ -110,7 +110,7 @@ def test_a_stack_restarted_while_runs_are_in_flight_completes_every_run(
     assert interrupted, "no run was in flight across the restart"
     reasons = {a.get("reason") for r in interrupted for a in r["attempts"][:-1]}
     assert reasons <= {"worker_stopped", "worker_lost"}, reasons
-    _check_schedule_covered(second, "rate", [r for r in runs if r["job_id"] == "rate"], 2.0)
+    _check_schedule_covered(second, "rate", [r for r in runs if r["job_id"] == "rate"], 10.0)
 
 
 def test_throttled_dynamodb_still_runs_everything_once_or_retries_it(
@@ -120,7 +120,7 @@ def test_throttled_dynamodb_still_runs_everything_once_or_retries_it(
     control.write_text(json.dumps({"rate": 0}))
     faulty_env(monkeypatch, control)
     stack = stacks(tmp_path / "stack", *FAST, "--workers", "2")
-    # Given one-off jobs due in 4 to 7 s and a job firing every 2 s for 10 s: the tick claims them all
+    # Given one-off jobs due in 4 to 7 s and a job firing every 10 s for 30 s: the tick claims them all
     retry = {"max_attempts": 5, "backoff_seconds": 0}
     soon = datetime.now(UTC) + timedelta(seconds=4)
     job_ids = [
@@ -133,7 +133,7 @@ def test_throttled_dynamodb_still_runs_everything_once_or_retries_it(
         )
         for i in range(4)
     ]
-    job_ids.append(_submit(stack, "rate", effects.command("true"), retry=retry, schedule=_rate_until(10)))
+    job_ids.append(_submit(stack, "rate", effects.command("true"), retry=retry, schedule=_rate_until(30)))
     # When DynamoDB throttles half the HTTP attempts of claims, starts, heartbeats and finishes, in every
     # process of the stack, for 8 s (botocore retries each call up to 5 times: ~3% give up)
     control.write_text(json.dumps({"rate": 0.5, "ops": ["PutItem", "UpdateItem", "Query", "GetItem"]}))
@@ -144,7 +144,7 @@ def test_throttled_dynamodb_still_runs_everything_once_or_retries_it(
     assert [p for r in runs for p in run_problems(r, effects.of(r["run_id"]))] == []
     assert {r["state"] for r in runs} <= {"SUCCEEDED", "FAILED"}
     assert all(r["state"] == "SUCCEEDED" or r["attempts"][-1].get("reason") for r in runs)
-    _check_schedule_covered(stack, "rate", [r for r in runs if r["job_id"] == "rate"], 2.0)
+    _check_schedule_covered(stack, "rate", [r for r in runs if r["job_id"] == "rate"], 10.0)
     # And the faults really happened: calls throttled, retried by the SDK, and some gave up
     events = Counter(
         line for log in tmp_path.glob("faults.json.*.log") for line in log.read_text().splitlines()

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from duetime.cli import app
 
 runner = CliRunner()
-CRONTABS = Path(__file__).resolve().parents[3] / "shared" / "realworld" / "crontabs"
+CRONTABS = Path(__file__).resolve().parents[1] / "data" / "crontabs"
 
 
 def test_preview_json_lists_instants_with_offsets_in_the_zone() -> None:
@@ -60,6 +60,13 @@ def test_import_dry_run_lists_every_entry_and_reports_reboot_lines(tmp_path: Pat
 
 
 def test_every_real_system_crontab_dry_runs(tmp_path: Path) -> None:
+    assert sorted(p.name for p in CRONTABS.iterdir()) == [
+        "anacron",
+        "certbot",
+        "mdadm",
+        "munin-node",
+        "sysstat",
+    ]
     for path in sorted(CRONTABS.iterdir()):
         result = runner.invoke(app, ["import", "crontab", str(path), "--system", "--dry-run"])
         assert result.exit_code == 0, (path.name, result.output)
@@ -109,3 +116,110 @@ def test_piped_tables_keep_every_row_on_one_whole_line(monkeypatch) -> None:
     assert "n" * 40 in row and "…" not in buffer.getvalue()
     monkeypatch.undo()
     importlib.reload(cli_api)  # back to the real stdout
+
+
+def test_jobs_update_help_says_the_zone_is_kept_unless_tz_is_given() -> None:
+    result = runner.invoke(app, ["jobs", "update", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "the job keeps its time zone unless --tz is given" in result.stdout
+    assert "(default: the job's zone is kept)" in result.stdout
+    assert "[default: UTC]" not in result.stdout
+
+
+def test_import_dry_run_with_invalid_lines_lists_the_rest_and_exits_2(tmp_path: Path) -> None:
+    crontab = tmp_path / "mine"
+    crontab.write_text("0 1 * * * /bin/ok\n* * * *\nCRON_TZ=Mars/Base\n0 9 * * * /bin/later\n")
+    result = runner.invoke(app, ["import", "crontab", str(crontab), "--dry-run"])
+    assert result.exit_code == 2
+    assert "line 1: mine-ok: `0 1 * * *` UTC: /bin/ok" in result.stdout
+    assert "    job id: cron-" in result.stdout
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"{crontab}:2: invalid: not an environment setting and too few fields")
+    assert lines[1].startswith(f"{crontab}:4: invalid: its time zone is invalid: CRON_TZ='Mars/Base'")
+    assert (
+        lines[2] == f"duetime: {crontab}: 2 invalid lines: nothing to import (fix or comment them out first)"
+    )
+
+
+def test_import_notes_that_mailto_is_kept_but_not_mailed() -> None:
+    result = runner.invoke(app, ["import", "crontab", str(CRONTABS / "munin-node"), "--system", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        f"{CRONTABS / 'munin-node'}: note: MAILTO is kept as an environment variable of the jobs, but Duetime "
+        "does not mail their output (yet): read it with `duetime runs logs RUN_ID`"
+    ]
+
+
+def test_import_without_mailto_has_no_note_and_an_empty_mailto_needs_none(tmp_path: Path) -> None:
+    crontab = tmp_path / "quiet"
+    crontab.write_text('MAILTO=""\n0 1 * * * /bin/ok\n')
+    result = runner.invoke(app, ["import", "crontab", str(crontab), "--dry-run"])
+    assert result.exit_code == 0 and result.stderr == ""
+
+
+def test_import_to_an_unreachable_api_exits_4_with_one_line(monkeypatch) -> None:
+    monkeypatch.delenv("DUETIME_API_URL", raising=False)
+    result = runner.invoke(
+        app, ["import", "crontab", str(CRONTABS / "sysstat"), "--system", "--api", "http://127.0.0.1:9"]
+    )
+    assert result.exit_code == 4
+    [line] = result.stderr.splitlines()
+    assert line.startswith("duetime: unreachable: cannot reach http://127.0.0.1:9")
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_import_with_no_api_at_all_exits_4_naming_what_was_tried(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("DUETIME_API_URL", raising=False)
+    state = tmp_path / "none.json"
+    result = runner.invoke(
+        app, ["import", "crontab", str(CRONTABS / "sysstat"), "--system", "--config", str(state)]
+    )
+    assert result.exit_code == 4
+    assert result.stderr.splitlines() == [
+        f"duetime: no_api: no --api, no DUETIME_API_URL and no {state}: is `duetime local` running?"
+    ]
+
+
+def test_import_with_an_unknown_default_zone_is_a_usage_error(tmp_path: Path) -> None:
+    crontab = tmp_path / "mine"
+    crontab.write_text("0 1 * * * /bin/ok\n")
+    result = runner.invoke(app, ["import", "crontab", str(crontab), "--tz", "localtime", "--dry-run"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("duetime: --tz: unknown time zone 'localtime'")
+
+
+def test_an_api_url_without_http_is_refused_in_one_line(monkeypatch) -> None:
+    monkeypatch.delenv("DUETIME_API_URL", raising=False)
+    result = runner.invoke(app, ["jobs", "list", "--api", "127.0.0.1:8765"])
+    assert result.exit_code == 4
+    assert result.stderr.splitlines() == [
+        "duetime: bad_api_url: '127.0.0.1:8765' is not an http:// or https:// URL"
+    ]
+
+
+def test_a_port_that_does_not_answer_http_exits_4_in_one_line(monkeypatch) -> None:
+    import socket
+    import threading
+
+    monkeypatch.delenv("DUETIME_API_URL", raising=False)
+    # Given something on the port that answers, but not in HTTP (an SSH server, a database...)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer_garbage() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    result = runner.invoke(app, ["jobs", "list", "--api", f"http://127.0.0.1:{port}"])
+    thread.join(timeout=5)
+    listener.close()
+    assert result.exit_code == 4
+    [line] = result.stderr.splitlines()
+    assert (
+        line
+        == f"duetime: unreachable: no HTTP answer from http://127.0.0.1:{port}: BadStatusLine 'SSH-2.0-OpenSSH_9.2'"
+    )

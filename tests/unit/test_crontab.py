@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from duetime.crontab import CrontabImport, parse_crontab, split_percent
+from duetime.crontab import CrontabImport, parse_crontab, split_percent, stable_job_id
 from duetime.errors import ScheduleError
 from duetime.schedules import parse_schedule
 
-CRONTABS = Path(__file__).resolve().parents[3] / "shared" / "realworld" / "crontabs"
+CRONTABS = Path(__file__).resolve().parents[1] / "data" / "crontabs"
 DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/sbin:/bin:/usr/sbin:/usr/bin"
 
 
 def load(name: str) -> CrontabImport:
-    path = CRONTABS / name
-    if not path.exists():  # pragma: no cover - the files ship beside the repo
-        pytest.skip(f"{path} not found")
-    return parse_crontab(path.read_text(), system=True)
+    return parse_crontab((CRONTABS / name).read_text(), system=True)
 
 
 # --------------------------------------------------------------------------------------------------
-# The real files in shared/realworld/crontabs (Debian 12 packages), one test per file
+# The real files in tests/data/crontabs (Debian 12 packages), one test per file
 # --------------------------------------------------------------------------------------------------
 
 
@@ -126,10 +124,7 @@ def test_every_real_file_yields_schedules_duetime_evaluates() -> None:
 
 
 def test_name_prefix_is_applied_to_suggested_names() -> None:
-    path = CRONTABS / "sysstat"
-    if not path.exists():  # pragma: no cover
-        pytest.skip("sysstat crontab not found")
-    result = parse_crontab(path.read_text(), system=True, name_prefix="sysstat")
+    result = parse_crontab((CRONTABS / "sysstat").read_text(), system=True, name_prefix="sysstat")
     assert [e.name for e in result.entries] == ["sysstat-debian-sa1", "sysstat-debian-sa1-2"]
 
 
@@ -199,6 +194,7 @@ def test_entries_under_an_unknown_cron_tz_are_skipped_with_the_reason() -> None:
     [skipped] = result.skipped
     assert skipped.line == 2
     assert "Mars/Base" in skipped.reason
+    assert skipped.kind == "invalid"
 
 
 def test_unknown_default_timezone_raises() -> None:
@@ -252,6 +248,8 @@ def test_reboot_is_skipped_because_it_cannot_run_as_is() -> None:
     [skipped] = result.skipped
     assert skipped.line == 1
     assert "@reboot" in skipped.reason and "boot" in skipped.reason
+    # a valid line Duetime cannot run: reported, but not an error of the file
+    assert skipped.kind == "unsupported"
 
 
 @pytest.mark.parametrize(
@@ -271,6 +269,7 @@ def test_malformed_lines_are_skipped_with_the_reason(line: str, reason: str) -> 
     assert skipped.line == 2
     assert skipped.text == line
     assert reason in skipped.reason
+    assert skipped.kind == "invalid"
     assert [e.command for e in result.entries] == ["ok"]
 
 
@@ -285,3 +284,53 @@ def test_names_fall_back_to_the_line_number() -> None:
     assert entry.name == "tmp"
     [entry] = parse_crontab("0 0 * * * true\n").entries
     assert entry.name == "cron-line-1"
+
+
+# --------------------------------------------------------------------------------------------------
+# Stable job ids (a second import of the same file creates nothing)
+# --------------------------------------------------------------------------------------------------
+
+JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def test_job_ids_are_stable_across_imports_and_fit_the_api_pattern() -> None:
+    text = (CRONTABS / "sysstat").read_text()
+    first = parse_crontab(text, system=True, source="/etc/cron.d/sysstat")
+    again = parse_crontab(text, system=True, source="/etc/cron.d/sysstat")
+    ids = [e.job_id for e in first.entries]
+    assert ids == [e.job_id for e in again.entries]
+    assert len(set(ids)) == 2
+    for job_id in ids:
+        assert JOB_ID_PATTERN.fullmatch(job_id) and re.fullmatch(r"cron-[0-9a-f]{16}", job_id)
+    # the id is cron- and a SHA-256 prefix of (source, user, normalized line, occurrence)
+    assert ids[0] == stable_job_id(
+        "/etc/cron.d/sysstat", "root", "5-55/10 * * * * command -v debian-sa1 > /dev/null && debian-sa1 1 1"
+    )
+
+
+def test_job_ids_ignore_line_numbers_comments_and_blank_runs_between_fields() -> None:
+    a = parse_crontab("0 3 * * * /usr/bin/backup --all\n", source="/home/me/crontab").entries[0]
+    b = parse_crontab(
+        "# moved down, with a comment above\n\n0  3\t* * *   /usr/bin/backup --all  \n",
+        source="/home/me/crontab",
+    ).entries[0]
+    assert (a.line, b.line) == (1, 3)
+    assert a.job_id == b.job_id
+
+
+def test_job_ids_differ_by_file_user_schedule_and_command() -> None:
+    def job_id(line: str, source: str = "/etc/cron.d/x") -> str:
+        return parse_crontab(line, system=True, source=source).entries[0].job_id
+
+    base = job_id("0 3 * * * root /usr/bin/backup")
+    assert job_id("0 3 * * * root /usr/bin/backup", source="/etc/cron.d/y") != base
+    assert job_id("0 3 * * * backup /usr/bin/backup") != base
+    assert job_id("0 4 * * * root /usr/bin/backup") != base
+    assert job_id("0 3 * * * root /usr/bin/backup --all") != base
+
+
+def test_identical_lines_of_one_file_get_distinct_ids_since_cron_runs_each() -> None:
+    first, second = parse_crontab("*/5 * * * * ping-it\n*/5 * * * * ping-it\n", source="/f").entries
+    assert first.job_id != second.job_id
+    again = parse_crontab("*/5 * * * * ping-it\n*/5 * * * * ping-it\n", source="/f").entries
+    assert [e.job_id for e in again] == [first.job_id, second.job_id]

@@ -166,6 +166,30 @@ def test_bad_rate_is_rejected(expression: str) -> None:
     assert err.value.field == "schedule.expression"
 
 
+@pytest.mark.parametrize(
+    "expression", ["rate(1 second)", "rate(2 seconds)", "rate(5 seconds)", "rate(9 seconds)"]
+)
+def test_rate_below_the_ten_second_floor_is_rejected_with_the_floor(expression: str) -> None:
+    # one claim takes every fire of its ~75 s lookahead: rate(1 second) would make 75 runs at once
+    with pytest.raises(ScheduleError) as err:
+        parse_schedule(expression, anchor=utc(2026, 1, 1))
+    assert err.value.field == "schedule.expression"
+    assert f"`{expression}` is too frequent" in err.value.message
+    assert "at most once every 10 seconds" in err.value.message
+
+
+def test_rate_at_the_floor_is_accepted_and_fires_every_ten_seconds() -> None:
+    from duetime.schedules import MIN_RATE_SECONDS
+
+    assert MIN_RATE_SECONDS == 10
+    schedule = parse_schedule("rate(10 seconds)", anchor=utc(2026, 1, 1))
+    assert schedule.preview(utc(2026, 1, 1), 3) == [
+        utc(2026, 1, 1, 0, 0, 10),
+        utc(2026, 1, 1, 0, 0, 20),
+        utc(2026, 1, 1, 0, 0, 30),
+    ]
+
+
 def test_rate_latest_at_or_before_is_arithmetic() -> None:
     schedule = parse_schedule("rate(1 minute)", anchor=utc(2000, 1, 1))
     started = time.perf_counter()
@@ -228,6 +252,40 @@ def test_naive_bounds_are_rejected(kwarg: str, field: str) -> None:
     with pytest.raises(ScheduleError) as err:
         parse_schedule("rate(1 hour)", **{kwarg: datetime(2026, 1, 1)})  # type: ignore[arg-type]
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("zone", ["localtime", "posixrules", "right/UTC", "Etc/../UTC", " UTC", "utc"])
+def test_zoneinfo_files_that_are_no_iana_names_are_rejected(zone: str) -> None:
+    # /usr/share/zoneinfo/localtime (a link to /etc/localtime) loads with ZoneInfo, and means another zone
+    # on every host
+    with pytest.raises(ScheduleError) as err:
+        parse_schedule("0 * * * *", zone)
+    assert err.value.field == "schedule.timezone"
+    assert f"unknown time zone {zone!r}" in err.value.message
+
+
+def test_localtime_is_refused_with_the_reason() -> None:
+    with pytest.raises(ScheduleError) as err:
+        parse_schedule("@daily", "localtime")
+    assert err.value.message == (
+        "unknown time zone 'localtime': 'localtime' is a file of this host's zoneinfo directory, not an "
+        "IANA zone name: give an IANA name such as 'Europe/Berlin' or 'UTC'"
+    )
+
+
+def test_a_zone_in_the_wrong_case_is_refused_with_the_right_spelling() -> None:
+    with pytest.raises(ScheduleError) as err:
+        parse_schedule("@daily", "america/new_york")
+    assert "did you mean 'America/New_York'?" in err.value.message
+
+
+def test_every_iana_zone_of_the_tzdata_package_is_accepted() -> None:
+    from importlib import resources
+
+    names = resources.files("tzdata").joinpath("zones").read_text().split()
+    assert len(names) > 590 and "Europe/Berlin" in names and "Etc/GMT+5" in names
+    for name in names + ["UTC"]:
+        assert parse_schedule("@daily", name).timezone == name
 
 
 @pytest.mark.parametrize("zone", ["Mars/Olympus", "", "europe/berlin", "../etc/passwd", "posix/UTC"])
@@ -846,3 +904,15 @@ def test_an_explicit_far_year_is_found_however_far_ahead(expression: str, first:
     schedule = parse_schedule(expression)
     assert schedule.next_after(datetime(2026, 11, 29, tzinfo=UTC)) == first
     assert schedule.next_after(first) is None or schedule.next_after(first) > first
+
+
+def test_a_stored_schedule_accepted_before_a_submit_rule_tightened_still_fires() -> None:
+    # a job stored with rate(5 seconds) or zone `localtime` before the floor and the IANA-only rule
+    anchor = datetime(2026, 11, 29, 12, tzinfo=UTC)
+    with pytest.raises(ScheduleError):
+        parse_schedule("rate(5 seconds)", anchor=anchor)
+    stored = parse_schedule("rate(5 seconds)", anchor=anchor, stored=True)
+    assert stored.next_after(anchor) == anchor + timedelta(seconds=5)
+    assert parse_schedule("0 4 * * *", "localtime", stored=True).next_after(anchor) is not None
+    with pytest.raises(ScheduleError):
+        parse_schedule("0 4 * * *", "Not/AZone", stored=True)

@@ -43,6 +43,7 @@ def _cached_schedule(spec: ScheduleSpec, anchor: datetime) -> Schedule:
         dst_policy=spec.dst_policy,
         start_at=spec.start_at,
         end_at=spec.end_at,
+        stored=True,
     )
 
 
@@ -153,12 +154,14 @@ def admit(
         return Admission(Verdict.START)
     if job is None or job.state is JobState.DELETED:
         return Admission(Verdict.SKIP, DELETED)
-    if trigger not in SLOT_TRIGGERS or job.schedule is None or schedule is None:
+    if trigger not in SLOT_TRIGGERS:
         return Admission(Verdict.START)
-    if not is_slot(due_at, schedule):
+    if schedule is not None and not is_slot(due_at, schedule):
         return Admission(Verdict.SKIP, SCHEDULE_CHANGED)
     if job.state is JobState.PAUSED:
         return Admission(Verdict.HOLD, PAUSED)
+    if schedule is None:  # a run-now job: its one run is never dropped for lateness
+        return Admission(Verdict.START)
     if is_missed(due_at, now, job.catch_up) and not keeps_missed(due_at, now, job.catch_up, schedule):
         return Admission(Verdict.SKIP, MISSED)
     return Admission(Verdict.START)

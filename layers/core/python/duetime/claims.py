@@ -209,7 +209,8 @@ class TickResult:
     run_ids: list[str] = field(default_factory=list)
 
 
-#: Most slots of one job claimed in one pass (a rate(1 second) job claims ~75 per 60 s tick).
+#: Most slots of one job claimed in one pass (a cron job of every minute claims 1-2 per 60 s tick; a rate(10
+#: seconds) job, the shortest rate, about 8).
 MAX_SLOTS_PER_PASS = 1000
 
 

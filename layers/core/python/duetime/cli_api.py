@@ -34,13 +34,17 @@ TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED"}
 _out = Console(width=None if sys.stdout.isatty() else 10_000)
 
 
+def exit_code(exc: ApiError) -> int:
+    """The CLI's exit code for an API error: 3 not found, 4 the API failed or is unreachable, else 1."""
+    return 3 if exc.status == 404 else 4 if exc.status == 0 or exc.status >= 500 else 1
+
+
 def _call(api: str | None, token: str | None, sigv4: bool, method: str, path: str, **kw: Any) -> Any:
     try:
         return Client.resolve(api, token, sigv4).request(method, path, **kw)
     except ApiError as exc:
         typer.echo(f"duetime: {exc}", err=True)
-        code = 3 if exc.status == 404 else 4 if exc.status == 0 or exc.status >= 500 else 1
-        raise typer.Exit(code) from None
+        raise typer.Exit(exit_code(exc)) from None
 
 
 def _show(data: Any, as_json: bool, table: Table | None = None) -> None:
@@ -192,22 +196,34 @@ def jobs_update(
     file: Annotated[
         Path | None, typer.Option("--file", "-f", help="a JSON object of fields to change")
     ] = None,
-    name: Annotated[str | None, typer.Option()] = None,
-    schedule: Annotated[str | None, typer.Option()] = None,
-    tz: Annotated[str, typer.Option("--tz")] = "UTC",
+    name: Annotated[str | None, typer.Option(help="a new job name")] = None,
+    schedule: Annotated[
+        str | None, typer.Option(help="a new expression; the job keeps its time zone unless --tz is given")
+    ] = None,
+    tz: Annotated[
+        str | None,
+        typer.Option("--tz", help="a new IANA time zone for the schedule (default: the job's zone is kept)"),
+    ] = None,
     api: Api = None,
     token: Token = None,
     sigv4: SigV4 = False,
     as_json: AsJson = False,
 ) -> None:
-    """Change a job (PATCH): only the fields given change."""
+    """Change a job (PATCH, a JSON merge patch): only the fields given change; `--schedule` keeps the job's
+    time zone unless `--tz` is given too."""
     body = _body_from(file)
     if name:
         body["name"] = name
-    if schedule:
-        body["schedule"] = {"expression": schedule, "timezone": tz}
+    if schedule or tz:
+        patch = body.get("schedule")
+        patch = dict(patch) if isinstance(patch, dict) else {}
+        if schedule:
+            patch["expression"] = schedule
+        if tz:
+            patch["timezone"] = tz
+        body["schedule"] = patch
     if not body:
-        raise typer.BadParameter("nothing to change: give --file, --name or --schedule")
+        raise typer.BadParameter("nothing to change: give --file, --name, --schedule or --tz")
     job = _call(api, token, sigv4, "PATCH", f"/jobs/{job_id}", body=body)
     _show(job, as_json, _job_table([job]))
 

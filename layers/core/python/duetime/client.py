@@ -6,6 +6,7 @@ SigV4 (``execute-api``) with credentials from the usual AWS chain, for the IAM-a
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import urllib.error
@@ -51,6 +52,8 @@ class Client:
             raise ApiError(
                 0, "no_api", f"no --api, no DUETIME_API_URL and no {state}: is `duetime local` running?"
             )
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+            raise ApiError(0, "bad_api_url", f"{url!r} is not an http:// or https:// URL")
         region = None
         if sigv4:
             region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
@@ -91,6 +94,11 @@ class Client:
             ) from None
         except (urllib.error.URLError, OSError) as exc:
             raise ApiError(0, "unreachable", f"cannot reach {self.base_url}: {exc}") from None
+        except http.client.HTTPException as exc:  # something answered, but not in HTTP (a wrong port?)
+            said = " ".join(str(exc).split())[:200]  # one line: the first bytes that came back
+            raise ApiError(
+                0, "unreachable", f"no HTTP answer from {self.base_url}: {type(exc).__name__} {said!r}"
+            ) from None
 
     def _sign(self, method: str, url: str, data: bytes | None, headers: dict[str, str]) -> dict[str, str]:
         import boto3

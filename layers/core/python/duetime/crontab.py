@@ -15,20 +15,25 @@ What a crontab line means (crontab(5), Vixie cron 4.1 as shipped by Debian, and 
   the command; the text after it is the command's standard input, with each later unescaped ``%``
   turned into a newline; ``\\%`` is a literal ``%`` in both parts (Vixie ``do_command.c``). Like cron we
   end non-empty standard input with a newline.
-* ``@reboot`` entries cannot be imported (Duetime has no boot event); they are reported as skipped, as
-  are malformed lines, each with its reason.
+* ``@reboot`` entries cannot be imported (Duetime has no boot event); they are reported as skipped
+  (``kind="unsupported"``), as are malformed lines (``kind="invalid"``), each with its reason.
+
+Each entry gets a stable job id (:func:`stable_job_id`): the same file imported twice yields the same ids,
+so the API's 409 for a taken ``job_id`` makes a second import create nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from dataclasses import dataclass, field
+from typing import Literal
 
 from duetime.errors import ScheduleError
 from duetime.schedules import parse_schedule
 
-__all__ = ["CrontabEntry", "CrontabImport", "SkippedLine", "parse_crontab"]
+__all__ = ["CrontabEntry", "CrontabImport", "SkippedLine", "parse_crontab", "stable_job_id"]
 
 DEFAULT_SHELL = "/bin/sh"
 
@@ -98,6 +103,9 @@ class CrontabEntry:
             and any other ``NAME=VALUE``), values unquoted. A fresh dict per entry.
         stdin: standard input built from the text after the first ``%``, or ``None`` if there was none.
         name: a suggested job name: lower-case ``[a-z0-9-]``, unique within the import.
+        job_id: a stable job id (:func:`stable_job_id`): ``cron-`` and 16 hex digits of a hash of the
+            import's ``source``, the user column and the normalized line; the same line of the same
+            file gives the same id on every import.
     """
 
     line: int
@@ -109,15 +117,22 @@ class CrontabEntry:
     env: dict[str, str]
     stdin: str | None
     name: str
+    job_id: str = ""
 
 
 @dataclass(frozen=True)
 class SkippedLine:
-    """A line that is neither blank, a comment, an environment setting nor an importable entry."""
+    """A line that is neither blank, a comment, an environment setting nor an importable entry.
+
+    ``kind`` is ``"invalid"`` for a line cron itself would refuse or misread (bad syntax, values out of
+    range, an expression that never fires, an unknown ``CRON_TZ``) and ``"unsupported"`` for a valid
+    line Duetime cannot run as it is (``@reboot``).
+    """
 
     line: int
     text: str
     reason: str
+    kind: Literal["invalid", "unsupported"] = "invalid"
 
 
 @dataclass(frozen=True)
@@ -168,6 +183,19 @@ def split_percent(text: str) -> tuple[str, str | None]:
     if stdin and not stdin.endswith("\n"):
         stdin += "\n"
     return "".join(command), stdin
+
+
+def stable_job_id(source: str, user: str | None, normalized_line: str, occurrence: int = 1) -> str:
+    """A job id for one crontab line: ``cron-`` and the first 16 hex digits of a SHA-256.
+
+    The hash covers ``source`` (the file, e.g. its absolute path), ``user`` (the system format's user
+    column) and ``normalized_line`` (the time fields joined by single spaces, lower-cased, then the
+    command as written); ``occurrence`` tells identical lines of one file apart (cron runs each). The id
+    matches the API's ``job_id`` pattern ``[A-Za-z0-9_-]{1,64}``. Line numbers are left out: moving a line,
+    or adding comments above it, keeps its id; changing its schedule or command makes a new job.
+    """
+    key = "\0".join((source, user or "", normalized_line, str(occurrence)))
+    return "cron-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def _unquote(value: str) -> str:
@@ -234,6 +262,7 @@ def parse_crontab(
     system: bool = False,
     default_timezone: str = "UTC",
     name_prefix: str | None = None,
+    source: str = "",
 ) -> CrontabImport:
     """Parse a crontab's text into importable entries and skipped lines.
 
@@ -243,6 +272,8 @@ def parse_crontab(
             the user to run as; ``False`` for a user crontab (``crontab -e``).
         default_timezone: IANA zone for entries before any ``CRON_TZ``/``TZ`` line.
         name_prefix: optional prefix for suggested job names, e.g. the file name (``"certbot"``).
+        source: what identifies the file in the entries' :func:`stable_job_id` (the CLI passes its
+            absolute path); with the default ``""`` the ids depend on the lines only.
 
     Returns:
         A :class:`CrontabImport`. Every schedule in ``entries`` has been validated with
@@ -258,6 +289,7 @@ def parse_crontab(
     entries: list[CrontabEntry] = []
     skipped: list[SkippedLine] = []
     used_names: dict[str, int] = {}
+    seen_lines: dict[tuple[str | None, str], int] = {}
 
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.rstrip("\r\n")
@@ -276,8 +308,8 @@ def parse_crontab(
                     timezone_error = f"{name}={value!r}: {exc.message}"
             continue
 
-        def skip(reason: str, number: int = number, stripped: str = stripped) -> None:
-            skipped.append(SkippedLine(number, stripped, reason))
+        def skip(reason: str, number: int = number, stripped: str = stripped, invalid: bool = True) -> None:
+            skipped.append(SkippedLine(number, stripped, reason, "invalid" if invalid else "unsupported"))
 
         body = line.lstrip(" \t")
         split = _take_fields(body, 1) if body.startswith("@") else _take_fields(body, 5)
@@ -289,7 +321,10 @@ def parse_crontab(
             continue
         time_fields, rest = split
         if time_fields[0].lower() == "@reboot":
-            skip("@reboot runs once when cron starts; Duetime has no boot event, so it cannot run as-is")
+            skip(
+                "@reboot runs once when cron starts; Duetime has no boot event, so it cannot run as-is",
+                invalid=False,
+            )
             continue
         schedule_text = " ".join(time_fields)
         if timezone_error is not None:
@@ -318,6 +353,8 @@ def parse_crontab(
         used_names[name] = seen + 1
         if seen:
             name = f"{name}-{seen + 1}"
+        normalized = f"{schedule_text.lower()} {rest.strip()}"
+        occurrence = seen_lines[user, normalized] = seen_lines.get((user, normalized), 0) + 1
         entries.append(
             CrontabEntry(
                 line=number,
@@ -329,6 +366,7 @@ def parse_crontab(
                 env=dict(env),
                 stdin=stdin,
                 name=name,
+                job_id=stable_job_id(source, user, normalized, occurrence),
             )
         )
     return CrontabImport(entries=entries, skipped=skipped)

@@ -7,7 +7,9 @@ Three kinds of expression are accepted (keywords are case-insensitive):
   instant after the gap; a local time that occurs twice (fall-back) fires at its first occurrence. This
   holds under both DST policies: a one-time job is never silently dropped.
 * ``rate(N unit)`` with ``unit`` one of ``minute(s)``, ``hour(s)``, ``day(s)`` (EventBridge's units) and
-  also ``second(s)`` (a Duetime extension, handy for tests); ``N >= 1``. A rate counts **real elapsed
+  also ``second(s)`` (a Duetime extension); ``N >= 1`` and the period at least
+  :data:`MIN_RATE_SECONDS` (10 s): every fire is a run, and a tick or a submit claims every fire in its
+  lookahead, so ``rate(1 second)`` would make ~75 runs per claim. A rate counts **real elapsed
   time** from an anchor: it fires at ``anchor + k * period`` for every integer ``k >= 0``, never by
   wall-clock arithmetic, so DST changes neither stretch nor shrink it.
 * cron: the 5-field Vixie/Debian form of crontab(5) (``min hour dom month dow``, dow 0-7 with 0 and 7
@@ -24,7 +26,10 @@ Three kinds of expression are accepted (keywords are case-insensitive):
   first seven days and every Monday). Expressions no date satisfies are rejected at parse.
 
 All instants returned are timezone-aware UTC ``datetime`` objects. Cron fields are matched against the
-wall clock of the schedule's IANA time zone; the DST rule is described on :data:`DstPolicy`.
+wall clock of the schedule's IANA time zone; the DST rule is described on :data:`DstPolicy`. A zone is
+an IANA tz database name (``Europe/Berlin``, ``UTC``, ``Etc/GMT+5``...): host files of the zoneinfo
+directory that are not zone names, such as ``localtime`` (a link to the host's ``/etc/localtime``), are
+refused, since they mean different zones on different machines.
 
 This module is the only place in Duetime that knows cron syntax (it evaluates cron itself: croniter's
 DST handling does not follow the Debian/ISC rule) and the only one that imports ``cron_descriptor``.
@@ -44,7 +49,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from duetime.errors import ScheduleError
 
-__all__ = ["DstPolicy", "Schedule", "ScheduleKind", "parse_schedule"]
+__all__ = ["MIN_RATE_SECONDS", "DstPolicy", "Schedule", "ScheduleKind", "parse_schedule"]
 
 DstPolicy = Literal["shift", "skip"]
 """How a cron schedule treats daylight-saving changes.
@@ -80,15 +85,51 @@ _SEARCH_YEARS = 50
 # EventBridge's year field range (EventBridge Scheduler docs, "Cron expressions").
 _EB_YEAR_MIN, _EB_YEAR_MAX = 1970, 2199
 
+MIN_RATE_SECONDS = 10
+"""The shortest ``rate(...)`` period, in seconds. Every fire is a run, and the tick (and a fresh submit)
+claims every fire inside its lookahead (a 60 s tick plus its margin): a ``rate(1 second)`` job would claim
+about 75 runs at once."""
+
 
 # --------------------------------------------------------------------------------------------------
 # Time-zone helpers
 # --------------------------------------------------------------------------------------------------
 
 
+# Each /-separated part of a tz database name starts with an upper-case ASCII letter
+# ("America/Port-au-Prince", "Etc/GMT+5", "EST5EDT"). The zoneinfo directory also holds host files that are
+# no zone names (Debian's and Red Hat's "localtime", a link to the host's /etc/localtime), and
+# available_timezones() lists them too.
+_IANA_NAME_RE = re.compile(r"[A-Z][A-Za-z0-9_+-]*(?:/[A-Z][A-Za-z0-9_+-]*)*")
+
+
+@lru_cache(maxsize=1)
+def _zoneinfo_files() -> frozenset[str]:
+    """Every name ``zoneinfo`` can load here (the tz directories and the ``tzdata`` package), read once."""
+    return frozenset(available_timezones())
+
+
 @lru_cache(maxsize=1)
 def _known_zones() -> frozenset[str]:
-    return frozenset(available_timezones()) | {"UTC"}
+    """The IANA zone names this host can load, plus ``UTC``."""
+    return frozenset(n for n in _zoneinfo_files() if _IANA_NAME_RE.fullmatch(n)) | {"UTC"}
+
+
+@lru_cache(maxsize=1)
+def _zones_by_lower_name() -> dict[str, str]:
+    return {name.lower(): name for name in _known_zones()}
+
+
+@lru_cache(maxsize=1024)
+def _stored_zone(name: str) -> ZoneInfo:
+    """The zone of a stored job: any name ``zoneinfo`` loads (a job stored before names were restricted
+    to IANA ones keeps firing), or ``ScheduleError(field="schedule.timezone")``."""
+    if name in _known_zones():
+        return _zone(name)
+    try:
+        return ZoneInfo(name)
+    except (ValueError, OSError, ZoneInfoNotFoundError, ModuleNotFoundError):
+        raise ScheduleError(f"unknown time zone {name!r}", "schedule.timezone") from None
 
 
 @lru_cache(maxsize=1024)
@@ -99,10 +140,12 @@ def _zone(name: str) -> ZoneInfo:
             "time zone is empty: give an IANA name such as 'Europe/Berlin' or 'UTC'", "schedule.timezone"
         )
     if name not in _known_zones():
-        raise ScheduleError(
-            f"unknown time zone {name!r}: give an IANA name such as 'Europe/Berlin' or 'UTC'",
-            "schedule.timezone",
-        )
+        hint = "give an IANA name such as 'Europe/Berlin' or 'UTC'"
+        if name in _zoneinfo_files():  # e.g. "localtime": a host file, not a zone name
+            hint = f"{name!r} is a file of this host's zoneinfo directory, not an IANA zone name: {hint}"
+        elif name.lower() in _zones_by_lower_name():
+            hint = f"did you mean {_zones_by_lower_name()[name.lower()]!r}? (IANA names are case-sensitive)"
+        raise ScheduleError(f"unknown time zone {name!r}: {hint}", "schedule.timezone")
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError) as exc:  # pragma: no cover - listed but unreadable
@@ -252,7 +295,7 @@ def _parse_at(expression: str, zone: ZoneInfo, zone_name: str) -> _AtRule:
     return _AtRule(fire, local, zone_name)
 
 
-def _parse_rate(expression: str, anchor: datetime | None) -> _RateRule:
+def _parse_rate(expression: str, anchor: datetime | None, *, floor: bool = True) -> _RateRule:
     m = _RATE_RE.match(expression)
     if m is None:
         raise ScheduleError(
@@ -274,6 +317,12 @@ def _parse_rate(expression: str, anchor: datetime | None) -> _RateRule:
         period = count * _RATE_UNITS[unit]
     except OverflowError as exc:
         raise ScheduleError(f"rate period in `{expression}` is too long") from exc
+    if floor and period < timedelta(seconds=MIN_RATE_SECONDS):
+        raise ScheduleError(
+            f"`{expression}` is too frequent: a rate schedule fires at most once every {MIN_RATE_SECONDS} "
+            f"seconds (each fire is a run, and one claim takes every fire of the next ~75 s); "
+            f"use rate({MIN_RATE_SECONDS} seconds) or longer"
+        )
     if anchor is None:
         raise ScheduleError(
             f"`{expression}` needs an anchor to count from: give start_at (or anchor)", "schedule.start_at"
@@ -1047,6 +1096,7 @@ def parse_schedule(
     dst_policy: DstPolicy = "shift",
     start_at: datetime | None = None,
     end_at: datetime | None = None,
+    stored: bool = False,
 ) -> Schedule:
     """Parse and validate a schedule expression.
 
@@ -1058,6 +1108,9 @@ def parse_schedule(
         dst_policy: ``"shift"`` (Debian/ISC, default) or ``"skip"`` (EventBridge); see :data:`DstPolicy`.
         start_at: optional inclusive lower bound on fire times (aware).
         end_at: optional inclusive upper bound on fire times (aware).
+        stored: the schedule of a stored job, accepted when it was submitted: rules added since for
+            submits (the :data:`MIN_RATE_SECONDS` floor, IANA names only) are not applied again, so a
+            tightened rule never stops an existing job from firing.
 
     Returns:
         An immutable :class:`Schedule`.
@@ -1074,7 +1127,7 @@ def parse_schedule(
     text = expression.strip()
     if not text:
         raise ScheduleError("schedule expression is empty")
-    zone = _zone(timezone)
+    zone = _stored_zone(timezone) if stored else _zone(timezone)
     if dst_policy not in ("shift", "skip"):
         raise ScheduleError(
             f"dst_policy must be 'shift' or 'skip', got {dst_policy!r}", "schedule.dst_policy"
@@ -1093,7 +1146,10 @@ def parse_schedule(
     if lowered.startswith("at(") or lowered.startswith("at "):
         kind, rule = "at", _parse_at(text, zone, timezone)
     elif lowered.startswith("rate(") or lowered.startswith("rate "):
-        kind, rule = "rate", _parse_rate(text, anchor_utc if anchor_utc is not None else start)
+        kind, rule = (
+            "rate",
+            _parse_rate(text, anchor_utc if anchor_utc is not None else start, floor=not stored),
+        )
         anchor_utc = rule.anchor
     else:
         kind, rule = "cron", _parse_cron(text, zone, timezone, dst_policy)

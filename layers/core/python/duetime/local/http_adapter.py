@@ -1,20 +1,98 @@
-"""Serve a Lambda handler over real HTTP the way API Gateway's HTTP API (payload format 2.0) would."""
+"""Serve a Lambda handler over real HTTP the way API Gateway's HTTP API (payload format 2.0) would.
+
+Every error answer is the API's JSON shape ``{"error": {"code", "message", "field"}}`` with
+``content-type: application/json``: the handler's own, a handler crash (500), and, served through
+:func:`make_api_server`, those that Python's ``http.server`` sends before a request reaches the app (a
+request line over 64 KB: 414; a malformed request line: 400; a header line over 64 KB or more than 100
+headers: 431; HTTP/2 or later: 505).
+"""
 
 from __future__ import annotations
 
 import base64
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl
 
+from werkzeug.exceptions import HTTPException
+from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
 Invoke = Callable[[dict[str, Any]], Any]
 
 _TEXT_TYPES = ("application/json", "text/", "application/x-www-form-urlencoded", "application/xml")
+
+#: what a client can do about the errors ``http.server`` answers itself (its messages say what, not why)
+_HINTS = {
+    HTTPStatus.REQUEST_URI_TOO_LONG: "the request line (method, path and query string) is longer than "
+    "65,536 bytes; send large input in the request body",
+    HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE: "a header line is longer than 65,536 bytes, or there are "
+    "more than 100 headers",
+}
+#: longest text of the request echoed in an error message (http.server quotes the bad request line)
+_MAX_MESSAGE_CHARS = 512
+
+
+def error_body(status: int, message: str, field: str | None = None) -> bytes:
+    """The API's error JSON for ``status``; its ``code`` is the status' name (``uri_too_long``...)."""
+    try:
+        code = HTTPStatus(status).name.lower()
+    except ValueError:
+        code = "http_error"
+    code = {"request_uri_too_long": "uri_too_long"}.get(code, code)
+    return json.dumps({"error": {"code": code, "message": message, "field": field}}).encode()
+
+
+class JsonErrorRequestHandler(WSGIRequestHandler):
+    """werkzeug's request handler, but the errors ``http.server`` sends itself are the API's JSON errors
+    instead of an HTML page (414, 400, 431, 505...: requests rejected before they reach the app)."""
+
+    error_content_type = "application/json"
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        try:
+            status: HTTPStatus | None = HTTPStatus(code)
+        except ValueError:
+            status = None
+        phrase = status.phrase if status is not None else "Error"
+        text = message or phrase
+        hint = _HINTS.get(status) if status is not None else None
+        if hint:
+            text = f"{text}: {hint}"
+        elif message and status is not None and message != phrase:
+            text = f"{phrase}: {message}"
+        if len(text) > _MAX_MESSAGE_CHARS:
+            text = text[: _MAX_MESSAGE_CHARS - 1] + "…"
+        self.log_error("code %d, message %s", code, message or phrase)
+        if self.request_version == "HTTP/0.9":  # an unparsed request line: answer with a status line anyway
+            self.request_version = "HTTP/1.0"
+        self.send_response(code)  # the standard reason phrase: never the request's text in the status line
+        self.send_header("Connection", "close")
+        body = None
+        if code >= 200 and code not in (
+            HTTPStatus.NO_CONTENT,
+            HTTPStatus.RESET_CONTENT,
+            HTTPStatus.NOT_MODIFIED,
+        ):
+            body = error_body(code, text)
+            self.send_header("Content-Type", self.error_content_type)
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD" and body:
+            self.wfile.write(body)
+
+
+def make_api_server(host: str, port: int, app: Callable[..., Any]) -> BaseWSGIServer:
+    """A threaded HTTP server for ``app`` whose every error answer is JSON (:class:`JsonErrorRequestHandler`).
+
+    ``duetime local`` should serve its API with it instead of werkzeug's plain ``make_server``.
+    """
+    return make_server(host, port, app, threaded=True, request_handler=JsonErrorRequestHandler)
 
 
 def to_http_api_event(request: Request) -> dict[str, Any]:
@@ -96,7 +174,14 @@ class HttpApiAdapter:
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         request = Request(environ)
-        event = to_http_api_event(request)
+        try:
+            event = to_http_api_event(request)
+        except (HTTPException, OSError, ValueError) as exc:  # a body shorter than its length, bad chunks
+            status = (exc.code if isinstance(exc, HTTPException) else None) or 400
+            why = exc.description if isinstance(exc, HTTPException) else str(exc)
+            refused = Response(error_body(status, f"the request body cannot be read: {why}"), status=status)
+            refused.content_type = "application/json"
+            return refused(environ, start_response)
         if self.tenants:
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             tenant = self.tenants.get(token.strip()) if scheme.lower() == "bearer" else None

@@ -388,7 +388,7 @@ def _draw_jobs(rng: random.Random, fault_seconds: float) -> list[JobPlan]:
             due = (T0 + timedelta(seconds=submit_at + rng.uniform(2, 30))).replace(microsecond=0)
             schedule = ScheduleSpec(expression=f"at({due:%Y-%m-%dT%H:%M:%S})")
         elif kind == "rate":
-            end = T0 + timedelta(seconds=submit_at + rng.uniform(10, 20))
+            end = T0 + timedelta(seconds=submit_at + rng.uniform(25, 50))  # 1-5 fires
             schedule = ScheduleSpec(expression=f"rate({rng.choice([10, 15, 20])} seconds)", end_at=end)
         retry = RetryPolicy(
             max_attempts=rng.choice([1, 2, 3, 4, 4]),
@@ -823,7 +823,11 @@ class Simulation:
                 self.paused.discard(job_id)
                 self.note(f"operator resumed {job_id}")
             elif action == "redrive":
-                dead = [k for k in run_keys if self.rows[k].get("dead_lettered")]
+                dead = [
+                    k
+                    for k in run_keys
+                    if self.rows[k].get("dead_lettered") or self.rows[k].get("state") == "TIMED_OUT"
+                ]
                 if dead:
                     job_id, due = self.rng.choice(dead)
                     run = jobs.redrive(f"{job_id}.{to_epoch_ms(from_iso(due))}", tenant="t1", deps=self.deps)
@@ -920,8 +924,14 @@ class Simulation:
                     )
         if nt < pt:
             self.violation(f"{key}: fencing token went back {pt} -> {nt}")
+        # a re-drive: a run that failed for good (dead-lettered, or TIMED_OUT by on_timeout fail/trigger)
+        # goes back to PENDING as its next attempt
+        failed_for_good = (ps in ("FAILED", "TIMED_OUT") and p.get("dead_lettered")) or ps == "TIMED_OUT"
         redriven = (
-            ps == "FAILED" and p.get("dead_lettered") and ns == "PENDING" and not n.get("dead_lettered")
+            failed_for_good
+            and ns == "PENDING"
+            and not n.get("dead_lettered")
+            and n.get("attempt") == (p.get("attempt") or 0) + 1
         )
         if redriven:
             self.redrives[key] += 1

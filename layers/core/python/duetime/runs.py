@@ -311,7 +311,6 @@ def skip_pending(job_id: str, due_at: datetime, deps: Deps, *, attempt: int, rea
     upd = Update(conditions={"state": RunState.PENDING.value, "attempt": attempt})
     upd.sets.update(state=RunState.SKIPPED.value, finished_at=now, error=reason)
     upd.removes.extend(terminal_removals())
-    upd.removes.append("held")
     upd.appends["events"] = [{"at": now, "kind": "skipped", "detail": {"reason": reason}}]
     try:
         skipped = deps.store.update_run(job_id, due_at, upd)

@@ -839,6 +839,7 @@ def terminal_removals() -> Sequence[str]:
         WATCH_INDEX_SK,
         ACTIVE_INDEX_PK,
         RUNNING_INDEX_PK,
+        "held",
         "lease_owner",
         "lease_expires_at",
         "retry_at",

@@ -54,7 +54,9 @@ def worker_access(tier: str) -> tuple[Access, ...]:
     a run (UpdateItem, after an overlap check: Query the active index, GetItem, and the tenant's RUNNING quota:
     Query the running-runs index), heartbeat and finish it
     (UpdateItem); afterwards send the retry wake-up, start an ``on_timeout: trigger`` run of another job (GetItem
-    job, PutItem run, send to that job's tier) and wake the job's next waiting run; upload each attempt's log.
+    job, PutItem run, send to that job's tier) and wake the job's next waiting run; stream each attempt's log
+    in chunks (PutObject) and delete them once the whole log is written. A first attempt is re-checked against
+    its job (GetItem); a slot it skips as missed is counted on the job (UpdateItem).
     """
     return (
         allow(
@@ -64,8 +66,8 @@ def worker_access(tier: str) -> tuple[Access, ...]:
         allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
         allow(Target.RUNS, "dynamodb:Query", index=ACTIVE_INDEX),
         allow(Target.RUNS, "dynamodb:Query", index=RUNNING_INDEX),
-        allow(Target.JOBS, "dynamodb:GetItem"),
-        allow(Target.LOG_OBJECTS, "s3:PutObject"),
+        allow(Target.JOBS, "dynamodb:GetItem", "dynamodb:UpdateItem"),
+        allow(Target.LOG_OBJECTS, "s3:PutObject", "s3:DeleteObject"),
     )
 
 

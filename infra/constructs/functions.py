@@ -126,7 +126,8 @@ TICK = FunctionSpec(
 #: attempts (start an execution of the timeout-handler state machine, granted by the stack; without one
 #: configured it settles them in-process with the same plan): UpdateItem, then retry wake-ups (send), the
 #: ``on_timeout: trigger`` run of another job (GetItem job, PutItem run, send) and the job's next waiting run
-#: (Query the active index, GetItem run, send).
+#: (Query the active index, GetItem run, send); settle runs a pause held once their job is resumed or
+#: deleted (GetItem job, Query the active index, UpdateItem run, UpdateItem job's missed_slots, send).
 SWEEPER = FunctionSpec(
     "sweeper",
     "Duetime sweeper: re-send lost runs, expire leases, release retries, settle timeouts",
@@ -136,14 +137,16 @@ SWEEPER = FunctionSpec(
         allow(Target.RUNS, "dynamodb:Query", index=WATCH_INDEX),
         allow(Target.RUNS, "dynamodb:Query", index=ACTIVE_INDEX),
         allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
-        allow(Target.JOBS, "dynamodb:GetItem"),
+        allow(Target.JOBS, "dynamodb:GetItem", "dynamodb:UpdateItem"),
         allow(Target.QUEUES, *_SEND),
     ),
     async_retries=0,
 )
 
-#: The dispatcher runs ``duetime.lambda_tasks.dispatch`` for each lambda-tier message: read and claim the run
-#: (GetItem, UpdateItem; overlap check on the active index, tenant RUNNING quota on the running-runs index),
+#: The dispatcher runs ``duetime.lambda_tasks.dispatch`` for each lambda-tier message: re-check a first
+#: attempt against its job (GetItem job; a slot skipped as missed counts on the job: UpdateItem), read and
+#: claim the run (GetItem, UpdateItem; overlap check on the active index, tenant RUNNING quota on the
+#: running-runs index),
 #: put a run over quota back on its queue (send), record an invoke failure's log (PutObject), and invoke the
 #: target asynchronously: only functions tagged ``duetime-target=true``.
 DISPATCHER = FunctionSpec(
@@ -155,6 +158,7 @@ DISPATCHER = FunctionSpec(
         allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:UpdateItem"),
         allow(Target.RUNS, "dynamodb:Query", index=ACTIVE_INDEX),
         allow(Target.RUNS, "dynamodb:Query", index=RUNNING_INDEX),
+        allow(Target.JOBS, "dynamodb:GetItem", "dynamodb:UpdateItem"),
         allow(Target.QUEUES, *_SEND, tier="lambda"),
         allow(Target.LOG_OBJECTS, "s3:PutObject"),
         allow(Target.TAGGED_FUNCTIONS, "lambda:InvokeFunction"),

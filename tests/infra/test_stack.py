@@ -471,7 +471,7 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
         "dynamodb:Query": {f"{runs}/index/{WATCH_INDEX}", f"{runs}/index/{ACTIVE_INDEX}"},
         "dynamodb:GetItem": {runs, jobs},
         "dynamodb:PutItem": {runs},
-        "dynamodb:UpdateItem": {runs},
+        "dynamodb:UpdateItem": {runs, jobs},
         "sqs:SendMessage": queues,
         "states:StartExecution": {f"<{logical_id(dev, dev.stack.timeouts.state_machine)}>"},
         **xray,
@@ -497,8 +497,8 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
     consume = ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility")
     consume += ("sqs:GetQueueAttributes", "sqs:GetQueueUrl")
     assert grants("dispatcher") == {
-        "dynamodb:GetItem": {runs},
-        "dynamodb:UpdateItem": {runs},
+        "dynamodb:GetItem": {runs, jobs},
+        "dynamodb:UpdateItem": {runs, jobs},
         "dynamodb:Query": {f"{runs}/index/{ACTIVE_INDEX}", f"{runs}/index/{RUNNING_INDEX}"},
         "sqs:SendMessage": {lambda_queue},
         **{a: {lambda_queue} for a in consume},
@@ -642,9 +642,10 @@ def test_each_worker_tier_may_pull_only_its_own_queue(dev: Synthesized) -> None:
             "sqs:SendMessage": queues,
             "dynamodb:GetItem": {runs, jobs},
             "dynamodb:PutItem": {runs},
-            "dynamodb:UpdateItem": {runs},
+            "dynamodb:UpdateItem": {runs, jobs},
             "dynamodb:Query": {f"{runs}/index/{ACTIVE_INDEX}", f"{runs}/index/{RUNNING_INDEX}"},
             "s3:PutObject": {f"{bucket}/logs/*"},
+            "s3:DeleteObject": {f"{bucket}/logs/*"},
         }, tier
 
 

@@ -304,3 +304,64 @@ def test_a_worker_told_to_stop_while_polling_starts_nothing_and_leaves_the_messa
     assert Worker(deps, "small", owner="w2").poll_once(wait_seconds=1) == 1
     [run] = deps.store.list_runs(job_id)
     assert (run.state, run.attempt, [a.worker for a in run.attempts]) == (RunState.SUCCEEDED, 1, ["w2"])
+
+
+#: Run in a process of its own: installs the worker's real signal handlers, then delivers SIGTERM with a second
+#: and a third one landing at each line of code the handler runs in turn (through a trace function), as
+#: PR_SET_PDEATHSIG's SIGTERM on top of the stack's own or ECS's would. A handler that takes a lock (as
+#: ``threading.Event.set`` does) deadlocks at the second line: py-spy's ``Worker.stop -> Event.set ->
+#: Condition.__enter__``, twice.
+_NESTED_SIGTERMS = """
+import signal, sys, types
+from duetime.worker import Worker, handle_stop_signals
+
+worker = Worker(types.SimpleNamespace(settings=types.SimpleNamespace(kill_grace_seconds=1.0)), "small", owner="p")
+handle_stop_signals(worker, budget_seconds=60)
+handler = signal.getsignal(signal.SIGTERM)
+
+
+def below_handler(frame):
+    while frame is not None:
+        if frame.f_code is handler.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+nested = 0
+for point in range(1, 12):
+    worker.stopping.clear()
+    lines = 0
+
+    def local(frame, event, arg):
+        global lines, nested
+        if event == "line":
+            lines += 1
+            if lines in (point, point + 1):
+                nested += 1
+                signal.raise_signal(signal.SIGTERM)
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if below_handler(frame) else None)
+    signal.raise_signal(signal.SIGTERM)
+    sys.settrace(None)
+    assert worker.stopping.is_set()
+print("stopped", nested, flush=True)
+"""
+
+
+def test_a_second_and_third_sigterm_landing_inside_the_stop_handler_are_harmless() -> None:
+    import subprocess
+    import sys
+
+    # When SIGTERMs land inside the worker's SIGTERM handler, at every line it runs
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _NESTED_SIGTERMS], capture_output=True, text=True, timeout=20
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the worker's signal handler deadlocked on a nested SIGTERM") from None
+    # Then each one only set the stop flag: no deadlock, the worker is stopping
+    assert done.returncode == 0, done.stderr
+    stopped, nested = done.stdout.split()
+    assert stopped == "stopped" and int(nested) >= 2

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -159,11 +158,11 @@ def worker(
         raise typer.Exit(2) from None
 
     from duetime.deps import default_deps
-    from duetime.worker import Worker
+    from duetime.worker import Worker, handle_stop_signals
 
     w = Worker(default_deps(), tier)
-    signal.signal(signal.SIGTERM, lambda *_: w.stop())
-    signal.signal(signal.SIGINT, lambda *_: w.stop())
+    # SIGTERM/SIGINT only set the worker's stop flag (no lock: a second or third signal is harmless)
+    handle_stop_signals(w)
     from duetime.local.lifeline import die_with_parent
 
     die_with_parent()  # a worker of `duetime local` stops (SIGTERM) when the stack dies, even by SIGKILL
@@ -235,14 +234,6 @@ def schedule_preview(
     Console().print(table)
 
 
-def _api_url(api: str | None, config: Path) -> str:
-    if api:
-        return api.rstrip("/")
-    if config.is_file():
-        return str(json.loads(config.read_text())["api_url"])
-    raise typer.BadParameter(f"no --api given and no local stack state at {config}", param_hint="--api")
-
-
 @import_app.command("crontab")
 def import_crontab(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="crontab file")],
@@ -251,60 +242,160 @@ def import_crontab(
     ] = False,
     tz: Annotated[str, typer.Option("--tz", help="time zone of entries without CRON_TZ")] = "UTC",
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="list the jobs and their next 3 fire times only")
+        bool, typer.Option("--dry-run", help="list the jobs, their ids and next 3 fire times only")
     ] = False,
-    api: Annotated[str | None, typer.Option(help="Duetime API URL (default: the local stack's)")] = None,
-    config: Annotated[Path, typer.Option(help="local stack state file")] = Path(".duetime/local.json"),
+    api: cli_api.Api = None,
+    token: cli_api.Token = None,
+    sigv4: cli_api.SigV4 = False,
+    config: Annotated[
+        Path, typer.Option(help="local stack state file, used without --api and $DUETIME_API_URL")
+    ] = Path(".duetime/local.json"),
 ) -> None:
-    """Create one job per crontab entry; lines that cannot run as-is (@reboot) are reported, not dropped."""
-    import urllib.error
-    import urllib.request
+    """Create one job per crontab entry. Importing a file again creates nothing new: each entry's job id
+    is stable (`cron-` and a hash of the file's absolute path, the user and the line), and an entry whose
+    job exists is reported as present. Lines that cannot run as-is (@reboot) are reported, not dropped.
+    Any invalid line is reported on stderr as FILE:LINE: reason, and then nothing is created (exit 2)."""
+    from pydantic import ValidationError
 
-    from duetime.crontab import parse_crontab
+    from duetime.api_models import CreateJobRequest
+    from duetime.client import ApiError, Client
+    from duetime.crontab import CrontabEntry, parse_crontab
     from duetime.errors import ScheduleError
     from duetime.jobs import preview_schedule
 
-    parsed = parse_crontab(file.read_text(), system=system, default_timezone=tz, name_prefix=file.name)
-    now = datetime.now(UTC)
-    base = None if dry_run else _api_url(api, config)
-    failures = 0
-    for entry in parsed.entries:
+    def describe(entry: CrontabEntry, fires: list[str]) -> None:
         who = f" (as {entry.user})" if entry.user else ""
-        try:
-            fires = preview_schedule(
-                entry.schedule, entry.timezone, after=now, anchor=now, count=3
-            ).local_times
-        except ScheduleError as exc:
-            typer.echo(f"line {entry.line}: cannot import `{entry.schedule}`: {exc.message}", err=True)
-            failures += 1
-            continue
         typer.echo(
             f"line {entry.line}: {entry.name}: `{entry.schedule}` {entry.timezone}{who}: {entry.command}"
         )
         typer.echo(f"    next: {', '.join(fires)}")
-        if base is None:
-            continue
-        body = {
+
+    def differences(job: dict[str, Any], body: dict[str, Any]) -> list[str]:
+        """The fields in which a job already there differs from what this line would create."""
+        schedule, task = job.get("schedule") or {}, job.get("task") or {}
+        changed = ["name"] if job.get("name") != body["name"] else []
+        changed += [
+            f"schedule.{k}" for k in ("expression", "timezone") if schedule.get(k) != body["schedule"][k]
+        ]
+        changed += [f"task.{k}" for k in ("command", "env", "stdin") if task.get(k) != body["task"][k]]
+        return changed
+
+    where = str(file)
+    try:
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        typer.echo(f"duetime: {where}: cannot read it as text: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        parsed = parse_crontab(
+            text, system=system, default_timezone=tz, name_prefix=file.name, source=str(file.resolve())
+        )
+    except ScheduleError as exc:
+        typer.echo(f"duetime: --tz: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+    now = datetime.now(UTC)
+    invalid = [(s.line, s.reason, s.text) for s in parsed.skipped if s.kind == "invalid"]
+    planned: list[tuple[CrontabEntry, list[str], dict[str, Any]]] = []
+    for entry in parsed.entries:
+        body: dict[str, Any] = {
+            "job_id": entry.job_id,
             "name": entry.name,
             "schedule": {"expression": entry.schedule, "timezone": entry.timezone},
             "task": {"kind": "container", "command": entry.argv, "env": entry.env, "stdin": entry.stdin},
         }
-        request = urllib.request.Request(
-            f"{base}/jobs",
-            data=json.dumps(body).encode(),
-            method="POST",
-            headers={"Content-Type": "application/json"},
-        )
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                created = json.loads(response.read())
-            typer.echo(f"    created job {created['job_id']}")
-        except urllib.error.HTTPError as exc:
-            typer.echo(f"    rejected: {exc.code} {exc.read().decode()}", err=True)
-            failures += 1
+            preview = preview_schedule(entry.schedule, entry.timezone, after=now, anchor=now, count=3)
+            CreateJobRequest.model_validate(body)  # what the API would refuse is refused here, up front
+        except ScheduleError as exc:
+            invalid.append((entry.line, f"cannot import `{entry.schedule}`: {exc.message}", entry.command))
+            continue
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(part) for part in first["loc"])
+            invalid.append((entry.line, f"the job would be refused: {field}: {first['msg']}", entry.command))
+            continue
+        planned.append((entry, preview.local_times, body))
+
     for skipped in parsed.skipped:
-        typer.echo(f"line {skipped.line}: skipped: {skipped.reason}: {skipped.text}", err=True)
-    if failures:
+        if skipped.kind != "invalid":
+            typer.echo(f"{where}:{skipped.line}: skipped: {skipped.reason}: {skipped.text}", err=True)
+    if any(entry.env.get("MAILTO") for entry, _, _ in planned):
+        typer.echo(
+            f"{where}: note: MAILTO is kept as an environment variable of the jobs, but Duetime does not "
+            "mail their output (yet): read it with `duetime runs logs RUN_ID`",
+            err=True,
+        )
+    if dry_run or invalid:
+        for entry, fires, _ in planned if dry_run else []:
+            describe(entry, fires)
+            typer.echo(f"    job id: {entry.job_id}")
+        for line, reason, line_text in sorted(invalid):
+            typer.echo(f"{where}:{line}: invalid: {reason}: {line_text}", err=True)
+        if invalid:
+            count = f"{len(invalid)} invalid line{'s' if len(invalid) > 1 else ''}"
+            outcome = "nothing to import" if dry_run else "nothing imported"
+            typer.echo(f"duetime: {where}: {count}: {outcome} (fix or comment them out first)", err=True)
+            raise typer.Exit(2)
+        return
+
+    try:
+        client = Client.resolve(api, token, sigv4, state=config)
+    except ApiError as exc:
+        typer.echo(f"duetime: {exc}", err=True)
+        raise typer.Exit(cli_api.exit_code(exc)) from None
+    created = present = refused = 0
+    for entry, fires, body in planned:
+        describe(entry, fires)
+        try:
+            try:
+                job = client.request("POST", "/jobs", body=body)
+                created += 1
+                typer.echo(f"    created job {job['job_id']}")
+                continue
+            except ApiError as exc:
+                if exc.status != 409 or exc.code != "job_exists":
+                    raise
+            try:
+                job = client.request("GET", f"/jobs/{entry.job_id}")
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                refused += 1
+                typer.echo(
+                    f"{where}:{entry.line}: refused: job id {entry.job_id} is taken by another tenant",
+                    err=True,
+                )
+                continue
+            present += 1
+            typer.echo(f"    already present: job {entry.job_id} ({job.get('state')})")
+            if job.get("state") == "DELETED":
+                typer.echo(
+                    f"{where}:{entry.line}: note: job {entry.job_id} was deleted; its id stays taken, "
+                    "so the import does not create it again",
+                    err=True,
+                )
+            elif changed := differences(job, body):
+                typer.echo(
+                    f"{where}:{entry.line}: note: job {entry.job_id} differs from this line in "
+                    f"{', '.join(changed)}; left as it is (`duetime jobs update` or `jobs delete` it)",
+                    err=True,
+                )
+        except ApiError as exc:
+            code = cli_api.exit_code(exc)
+            if code == 4 or exc.status in (401, 403, 429):  # the same for every line: stop here
+                typer.echo(f"duetime: {exc}", err=True)
+                if created or present or refused:
+                    typer.echo(
+                        f"duetime: {where}: {created} created, {present} already present, "
+                        f"{len(planned) - created - present - refused} not done: run the import again "
+                        "(it creates only what is missing)",
+                        err=True,
+                    )
+                raise typer.Exit(4 if code == 4 else 1) from None
+            refused += 1
+            typer.echo(f"{where}:{entry.line}: refused: {exc}", err=True)
+    typer.echo(f"{created} created, {present} already present" + (f", {refused} refused" if refused else ""))
+    if refused:
         raise typer.Exit(1)
 
 

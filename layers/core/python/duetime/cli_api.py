@@ -338,30 +338,53 @@ def runs_logs(
     run_id: str,
     attempt: Annotated[int | None, typer.Option(min=1, help="an earlier attempt's log")] = None,
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="wait for the run to end, printing each attempt")
+        bool, typer.Option("--follow", "-f", help="print the output as it is written until the run ends")
     ] = False,
     interval: Annotated[float, typer.Option(help="seconds between polls with --follow")] = 1.0,
     api: Api = None,
     token: Token = None,
     sigv4: SigV4 = False,
 ) -> None:
-    """Print a run's stdout+stderr."""
+    """Print a run's stdout+stderr; with --follow, print its output as it is written, attempt by attempt,
+    until the run ends (exit 0 if it SUCCEEDED, else 1)."""
     if not follow:
         typer.echo(
             _call(api, token, sigv4, "GET", f"/runs/{run_id}/logs", query={"attempt": attempt}), nl=False
         )
         return
-    printed: set[int] = set()
+    client = Client.resolve(api, token, sigv4)
+    printed: dict[int, int] = {}  # attempt -> characters of its log printed so far
+    done: set[int] = set()
+
+    def log_of(number: int) -> str:
+        try:
+            return str(client.request("GET", f"/runs/{run_id}/logs", query={"attempt": number}))
+        except ApiError as exc:
+            if exc.status == 404:  # nothing written yet, or the attempt left no log
+                return ""
+            typer.echo(f"duetime: {exc}", err=True)
+            raise typer.Exit(exit_code(exc)) from None
+
+    def show(number: int, text: str, *, ended: str | None) -> None:
+        offset = printed.get(number)
+        if offset is None and (text or ended):
+            typer.echo(f"--- attempt {number} ---", err=True)
+            offset = 0
+        if offset is not None and len(text) > offset:
+            # a log over 4 MB ends as its head and tail: the new text then is not an extension of the old
+            typer.echo(text[offset:], nl=False)
+            printed[number] = len(text)
+        if ended:
+            typer.echo(f"--- attempt {number}: {ended} ---", err=True)
+            done.add(number)
+
     while True:
         run = _call(api, token, sigv4, "GET", f"/runs/{run_id}")
-        for a in run["attempts"]:
-            if a["attempt"] not in printed and a.get("log_key"):
-                typer.echo(f"--- attempt {a['attempt']}: {a['state']} ---", err=True)
-                typer.echo(
-                    _call(api, token, sigv4, "GET", f"/runs/{run_id}/logs", query={"attempt": a["attempt"]}),
-                    nl=False,
-                )
-                printed.add(a["attempt"])
+        for record in run["attempts"]:
+            if record["attempt"] not in done:
+                show(record["attempt"], log_of(record["attempt"]), ended=record["state"])
+        if run["state"] == "RUNNING" and run["attempt"] not in done:
+            show(run["attempt"], log_of(run["attempt"]), ended=None)
         if run["state"] in TERMINAL:
             typer.echo(f"--- run {run['state']} ---", err=True)
             raise typer.Exit(0 if run["state"] == "SUCCEEDED" else 1)

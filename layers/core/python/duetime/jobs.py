@@ -637,7 +637,9 @@ def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
     for run in _pending_first_attempts(job_id, deps, since=since, until=now):
         if run.held is None and run.trigger in SLOT_TRIGGERS:
             hold(job_id, run.due_at, deps)
-    unclaimed = _slots_between(job, job.paused_next_fire_at, now)
+    slots = _slots_between(job, job.paused_next_fire_at, now)
+    claimed = {r.due_at for r in _runs_between(job_id, deps, since=slots[0], until=now)} if slots else set()
+    unclaimed = [d for d in slots if d not in claimed]  # (a tick may have claimed one just before the pause)
     held = [r.due_at for r in held_runs(job_id, deps)]
     kept, dropped = select_slots([*held, *unclaimed], job.catch_up)
     keep_unclaimed = [d for d in kept if d in set(unclaimed)]
@@ -679,13 +681,21 @@ def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
 
 def _pending_first_attempts(job_id: str, deps: Deps, *, since: datetime, until: datetime) -> list[Run]:
     """The job's PENDING first attempts due in ``[since, until]`` (one Query of the job's runs)."""
+    pending = _runs_between(job_id, deps, since=since, until=until, state=RunState.PENDING.value)
+    return [r for r in pending if r.attempt == 1]
+
+
+def _runs_between(
+    job_id: str, deps: Deps, *, since: datetime, until: datetime, state: str | None = None
+) -> list[Run]:
+    """The job's runs due in ``[since, until]`` (of ``state``), every page."""
     found: list[Run] = []
     token: dict[str, Any] | None = None
     while True:
         page, token = deps.store.query_runs(
-            job_id, limit=100, start_key=token, state=RunState.PENDING.value, since=since, until=until
+            job_id, limit=100, start_key=token, state=state, since=since, until=until
         )
-        found += [r for r in page if r.attempt == 1]
+        found += page
         if token is None:
             return found
 
@@ -694,8 +704,10 @@ def _slots_between(job: Job, first: datetime | None, now: datetime) -> list[date
     """The job's slots from ``first`` up to ``now`` (inclusive), oldest first: at most MAX_WALKED_SLOTS
     walked one by one, then the newest slot stands for the rest (catch-up keeps at most 1,000)."""
     schedule = schedule_of(job)
-    if first is None or first > now or schedule is None:
+    if first is None or first > now:
         return []
+    if schedule is None:  # a run-now job paused before its one run was claimed
+        return [first]
     slots: list[datetime] = []
     cursor: datetime | None = first
     while cursor is not None and cursor <= now and len(slots) < MAX_WALKED_SLOTS:

@@ -381,7 +381,7 @@ def _write_log(record: DestinationRecord, envelope: RunEnvelope, outcome: Outcom
         header += f" ({record.responseContext.functionError})"
     header += f" -> {outcome.state.value} ---"
     try:
-        existing = deps.logs.get(key) or b""
+        existing = deps.logs.get_final(key) or b""
     except Exception:  # noqa: BLE001 - no log yet (or not readable): start one
         existing = b""
     if header.encode() in existing:

@@ -90,7 +90,7 @@ class JsonErrorRequestHandler(WSGIRequestHandler):
 def make_api_server(host: str, port: int, app: Callable[..., Any]) -> BaseWSGIServer:
     """A threaded HTTP server for ``app`` whose every error answer is JSON (:class:`JsonErrorRequestHandler`).
 
-    ``duetime local`` should serve its API with it instead of werkzeug's plain ``make_server``.
+    ``duetime local`` serves its API with it: a 414, 431 or malformed request gets the API's error shape.
     """
     return make_server(host, port, app, threaded=True, request_handler=JsonErrorRequestHandler)
 

@@ -38,6 +38,8 @@ from duetime.resources import ResourceNames, create_all
 from duetime.settings import CONTAINER_TIERS, Settings, get_settings, settings_to_env
 
 STATE_DIR = Path(".duetime")
+#: how long a worker of the stack told to stop may try to hand its run back after its task ended, seconds
+WORKER_STOP_BUDGET_SECONDS = 5.0
 STATE_FILE = STATE_DIR / "local.json"
 
 #: Fake credentials: moto accepts anything; real ones must never reach it.
@@ -223,13 +225,11 @@ class LocalStack:
         self._thread(lambda: source.run_forever(self._stopping), "lambda-event-source")
 
     def _start_api(self) -> None:
-        from werkzeug.serving import make_server
-
-        from duetime.local.http_adapter import HttpApiAdapter
+        from duetime.local.http_adapter import HttpApiAdapter, make_api_server
         from duetime.local.lambda_runtime import handler
 
         app = HttpApiAdapter(handler("api", concurrency=4), tenants=self.options.tenants)
-        self._api_server = make_server("127.0.0.1", self.options.api_port, app, threaded=True)
+        self._api_server = make_api_server("127.0.0.1", self.options.api_port, app)
         if self.options.tenants:
             names = ", ".join(sorted(set(self.options.tenants.values())))
             print(f"Tenants: {names} (Authorization: Bearer <token>)", flush=True)
@@ -290,6 +290,8 @@ class LocalStack:
         self._thread(loop, "clock")
 
     def _spawn_worker(self, tier: str) -> None:
+        from duetime.worker import STOP_BUDGET_ENV
+
         proc = subprocess.Popen(
             [sys.executable, "-m", "duetime", "worker", "--tier", tier],
             env={
@@ -298,6 +300,9 @@ class LocalStack:
                 **lifeline.child_env(),
                 "DUETIME_WORKER_ECHO": "1",
                 "DUETIME_WORKER_STATE_DIR": str(self._worker_dir()),
+                # a stopped worker that cannot hand its run back (this stack's moto server died with it)
+                # exits this long after its task, well within stop()'s 10 s and a SIGKILLed stack's
+                STOP_BUDGET_ENV: str(WORKER_STOP_BUDGET_SECONDS),
             },
             start_new_session=True,
         )
@@ -371,16 +376,21 @@ class LocalStack:
 
     # ---- stop ----------------------------------------------------------------------------------------
     def wait(self) -> None:
-        """Block until SIGINT or SIGTERM, then stop."""
-        stop = threading.Event()
+        """Block until SIGINT or SIGTERM, then stop.
+
+        The handler only records the signal (a list append: no lock, no I/O; ``threading.Event.set`` takes a
+        non-reentrant lock that a second signal, landing inside the first handler, would wait on forever).
+        Signals during :meth:`stop` are recorded and ignored: the stop already under way finishes.
+        """
+        received: list[int] = []
 
         def on_signal(signum: int, _frame: Any) -> None:
-            stop.set()
+            received.append(signum)
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
-        while not stop.wait(0.5):
-            pass
+        while not received:
+            time.sleep(0.5)
         print("stopping...", flush=True)
         self.stop()
 

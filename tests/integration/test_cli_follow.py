@@ -1,0 +1,66 @@
+"""`duetime runs logs RUN_ID --follow` prints a RUNNING run's output as it is written (a real CLI process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+from duetime import jobs
+from duetime.api_models import CreateJobRequest
+from duetime.client import Client
+from duetime.deps import Deps
+from duetime.models import ContainerTask
+from duetime.worker import Worker
+from tests.integration.test_edges_cli_api import Serve, serve  # noqa: F401 - the fixture
+
+SCRIPT = "echo first line; sleep 7; echo second line"
+
+
+def test_follow_prints_a_running_runs_output_before_the_run_ends(serve: Serve, deps: Deps) -> None:  # noqa: F811
+    url = serve()
+    # Given a run whose task prints a line, works 7 s, then prints another, on a worker of this process
+    job = jobs.create_job(
+        CreateJobRequest(name="follow", task=ContainerTask(command=["sh", "-c", SCRIPT])),
+        tenant="local",
+        deps=deps,
+    )
+    [run] = deps.store.list_runs(job.job_id)
+    worker = threading.Thread(target=Worker(deps, "small", owner="w").poll_once, daemon=True)
+    worker.start()
+    # When someone follows its log with the CLI
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUETIME_")}
+    follow = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "duetime",
+            "runs",
+            "logs",
+            run.run_id,
+            "--follow",
+            "--interval",
+            "0.3",
+            "--api",
+            url,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert follow.stdout is not None
+        first = follow.stdout.readline()
+        # Then the first line shows while the run is still RUNNING (streamed after ~5 s, the task ends at ~7 s)
+        state = Client(url).request("GET", f"/runs/{run.run_id}")["state"]
+        assert first == "first line\n" and state == "RUNNING"
+        rest, errors = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+    # And the rest follows, once, with the attempt's end and the run's outcome on stderr; exit 0 (SUCCEEDED)
+    assert rest == "second line\n"
+    assert follow.returncode == 0
+    assert "--- attempt 1 ---" in errors and "--- run SUCCEEDED ---" in errors
+    worker.join(timeout=30)

@@ -55,25 +55,48 @@ def test_pause_leaves_the_due_index_and_resume_catches_up_once(api: ModuleType, 
     assert resumed["next_fire_at"] == "2026-11-29T13:05:00.000Z"
 
 
-def test_patching_the_schedule_recomputes_the_next_fire_and_ends_the_old_claimed_slot(
-    api, deps, clock
+@pytest.mark.parametrize(
+    ("expression", "kept"),
+    [
+        # every minute from the submission at 12:00: 12:05 is a slot of both schedules, so its run stays
+        ("rate(1 minute)", True),
+        # every 7 minutes from 12:00 (12:07, 12:14...): 12:05 is not a slot any more
+        ("rate(7 minutes)", False),
+    ],
+)
+def test_patching_the_schedule_keeps_a_shared_claimed_slot_and_ends_the_others(
+    api, deps, clock, expression: str, kept: bool
 ) -> None:
     _, job, _ = call(api, "POST", "/jobs", EVERY_5)
     clock.advance(270)
     claims.tick(deps.store.get_job(job["job_id"]).shard, deps)  # claims 12:05
-    # When the schedule changes to every minute at 12:04:30
+    # When the schedule changes at 12:04:30 (a rate still counts from the job's submission)
     status, patched, _ = call(
-        api, "PATCH", f"/jobs/{job['job_id']}", {"schedule": {"expression": "rate(1 minute)"}}
+        api, "PATCH", f"/jobs/{job['job_id']}", {"schedule": {"expression": expression}}
     )
     assert status == 200, patched
-    # Then the new schedule fires from its first slot after now (12:05:30), and the old schedule's slot
-    # claimed ahead (12:05) exists once and ends SKIPPED (schedule_changed): it is not a slot any more
     assert patched["version"] == 2
+    # Then the run claimed at 12:05 exists once: it stays if the new schedule fires then too, else it ended
+    # SKIPPED (schedule_changed); the new schedule goes on from its next slot
     found = {r["due_at"]: r for r in _runs(api, job["job_id"])}
     old = found["2026-11-29T12:05:00.000Z"]
-    assert (old["state"], old["error"]) == ("SKIPPED", "schedule_changed")
-    assert "2026-11-29T12:05:30.000Z" in found and found["2026-11-29T12:05:30.000Z"]["state"] == "PENDING"
-    assert patched["schedule"]["expression"] == "rate(1 minute)"
+    if kept:
+        assert (old["state"], old["error"]) == ("PENDING", None)
+    else:
+        assert (old["state"], old["error"]) == ("SKIPPED", "schedule_changed")
+        assert patched["next_fire_at"] == "2026-11-29T12:07:00.000Z"
+
+
+def test_sending_the_schedule_a_job_already_has_changes_nothing(api: ModuleType, deps, clock) -> None:
+    _, job, _ = call(api, "POST", "/jobs", EVERY_5)
+    clock.advance(270)
+    claims.tick(deps.store.get_job(job["job_id"]).shard, deps)  # claims 12:05
+    status, patched, _ = call(
+        api, "PATCH", f"/jobs/{job['job_id']}", {"schedule": {"expression": "rate(5 minutes)"}}
+    )
+    assert status == 200 and patched["next_fire_at"] == job["next_fire_at"].replace("12:05", "12:10")
+    [run] = _runs(api, job["job_id"])
+    assert (run["due_at"], run["state"]) == ("2026-11-29T12:05:00.000Z", "PENDING")
 
 
 def test_patch_refuses_bad_fields_and_unknown_jobs(api: ModuleType) -> None:

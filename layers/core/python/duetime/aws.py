@@ -12,6 +12,7 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
+from botocore.exceptions import ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
 
 _lock = threading.Lock()
 _clients: dict[str, Any] = {}
@@ -40,3 +41,9 @@ def reset_clients() -> None:
     """Forget cached clients (tests that start a fresh moto mock call this)."""
     with _lock:
         _clients.clear()
+
+
+def unreachable(exc: BaseException) -> bool:
+    """True when ``exc`` says the AWS endpoint could not be reached at all (connection refused or dropped,
+    read timed out): nothing was learned from AWS, so one line says it better than a traceback."""
+    return isinstance(exc, EndpointConnectionError | ConnectionClosedError | ReadTimeoutError)

@@ -383,11 +383,6 @@ def register(client: Any, directory: str) -> None:
     client.meta.duetime_callcount = recorder
 
 
-def enabled_dir() -> str | None:
-    """The counting directory from the environment, or None when counting is off."""
-    return os.environ.get(ENV_VAR) or None
-
-
 def flush() -> None:
     """Flush every open count file (they are line-buffered; this is for tests)."""
     with _lock:

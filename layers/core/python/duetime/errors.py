@@ -28,6 +28,10 @@ class NotFoundError(DuetimeError):
         self.ident = ident
 
 
+class JobExistsError(DuetimeError):
+    """A job with this id already exists (a submit with a taken ``job_id``: HTTP 409)."""
+
+
 class AlreadyClaimedError(DuetimeError):
     """The run ``(job_id, due_at)`` already exists: an earlier or overlapping claim made it."""
 

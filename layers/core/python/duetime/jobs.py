@@ -170,12 +170,6 @@ def get_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
     return job
 
 
-def list_runs(job_id: str, *, tenant: str, deps: Deps, limit: int = 20) -> list[Run]:
-    """The job's ``limit`` most recent runs, newest due time first. Raises NotFoundError like get_job."""
-    get_job(job_id, tenant=tenant, deps=deps)
-    return deps.store.list_runs(job_id, limit=limit)
-
-
 def get_run(run_id: str, *, tenant: str, deps: Deps) -> Run:
     """The caller's run. Raises NotFoundError if the id is malformed, absent or another tenant's."""
     try:
@@ -432,10 +426,13 @@ def query_runs(
 
 # ---- lifecycle -----------------------------------------------------------------------------------------
 def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Deps) -> Job:
-    """Change a job's schedule, task or policies (``PATCH``). Runs already claimed keep what they had.
+    """Change a job's schedule, task or policies (``PATCH``). Runs already claimed keep their task and
+    policies.
 
-    A schedule change recomputes ``next_fire_at`` strictly after both now and the latest claimed run's due
-    time, so the current slot never fires twice; a fire inside the lookahead is claimed at once.
+    A schedule change takes effect from the new schedule's first slot after now (a ``rate`` still counts
+    from ``start_at`` or the job's submission); the old schedule's runs claimed ahead end SKIPPED
+    (``schedule_changed``) unless the new schedule fires at the same instant, and a fire of the new one
+    inside the look-ahead is claimed at once. Sending the schedule the job already has changes nothing.
 
     Raises:
         NotFoundError, ScheduleError, RequestFieldError (a trigger job that is not the caller's),
@@ -461,9 +458,12 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
             f"timeout_seconds: a Lambda task runs at most {MAX_LAMBDA_TIMEOUT_SECONDS} s (Lambda's limit)",
             "timeout_seconds",
         )
-    if "schedule" in changes and updated.schedule is not None:
+    schedule_changed = "schedule" in changes and updated.schedule != job.schedule
+    if schedule_changed and updated.schedule is not None:
         spec = updated.schedule
-        anchor = truncate_ms(spec.start_at) if spec.start_at is not None else now
+        # a rate keeps counting from start_at or the job's submission, as at submit: the same expression
+        # sent again changes nothing, and a slot the old and new schedules share stays claimed
+        anchor = truncate_ms(spec.start_at) if spec.start_at is not None else job.created_at
         parse_schedule(
             spec.expression,
             spec.timezone,
@@ -483,7 +483,7 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
                 update={"next_fire_at": nxt, "state": JobState.ACTIVE if nxt else JobState.COMPLETED}
             )
     deps.store.replace_job(updated, expected_version=job.version, expected_next_fire_at=job.next_fire_at)
-    if "schedule" in changes:
+    if schedule_changed:
         _after_commit(
             "settle", {"job_id": job_id}, lambda: settle_claimed_ahead(updated, job_id, deps, since=now)
         )

@@ -366,7 +366,6 @@ _MACROS = {
     "@hourly": "0 * * * *",
 }
 _MAX_MONTH_DAYS = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
-_NTH = ("", "first", "second", "third", "fourth", "fifth")
 
 _LAST_OFFSET_RE = re.compile(r"^l(?:-(\d+))?$")
 _NEAREST_RE = re.compile(r"^(\d+)w$")

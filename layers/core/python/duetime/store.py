@@ -25,6 +25,7 @@ from duetime.errors import (
     AlreadyClaimedError,
     ConflictError,
     DuetimeError,
+    JobExistsError,
     LeaseLostError,
     StaleClaimError,
     StartRejectedError,
@@ -65,10 +66,6 @@ _de = TypeDeserializer()
 def _last_result(state: RetryCallState) -> Any:
     """tenacity: when the tries run out, return the last try's result instead of raising RetryError."""
     return state.outcome.result() if state.outcome is not None else None
-
-
-class JobExistsError(DuetimeError):
-    """A job with this id already exists."""
 
 
 class ConditionFailedError(DuetimeError):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from duetime import aws
 from duetime.deps import Deps
 from duetime.errors import LeaseLostError, StartRejectedError
 from duetime.logs import S3Logs, log_key
@@ -239,9 +240,16 @@ class Worker:
             try:
                 self.poll_once(wait_seconds=wait_seconds)
                 failures = 0
-            except Exception:  # noqa: BLE001 - a worker must outlive transient faults
+            except Exception as exc:  # noqa: BLE001 - a worker must outlive transient faults
                 failures += 1
-                logger.exception("worker poll failed", extra={"tier": self.tier})
+                if self.stopping.is_set():
+                    break  # told to stop meanwhile (the stack going down took the endpoint with it)
+                if aws.unreachable(exc):
+                    logger.warning(
+                        "worker poll failed: AWS unreachable", extra={"tier": self.tier, "error": str(exc)}
+                    )
+                else:
+                    logger.exception("worker poll failed", extra={"tier": self.tier})
                 self.stopping.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
 
     def stop(self) -> None:
@@ -290,8 +298,11 @@ class Worker:
                 self._live = None
             try:
                 self.deps.logs.put(key, read_log(out))
-            except Exception:  # noqa: BLE001 - a log upload failure must not lose the outcome
-                logger.exception("log upload failed")
+            except Exception as exc:  # noqa: BLE001 - a log upload failure must not lose the outcome
+                if aws.unreachable(exc):
+                    logger.warning("log upload failed: AWS unreachable", extra={"error": str(exc)})
+                else:
+                    logger.exception("log upload failed")
                 if not live.chunks:
                     written = None  # no log at all (with chunks, they are the attempt's log)
             else:

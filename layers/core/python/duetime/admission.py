@@ -34,8 +34,14 @@ from duetime.timeutil import truncate_ms
 SLOT_TRIGGERS = frozenset({Trigger.SCHEDULE, Trigger.BACKFILL})
 
 
-@lru_cache(maxsize=4096)
-def _cached_schedule(spec: ScheduleSpec, anchor: datetime) -> Schedule:
+def parse_spec(spec: ScheduleSpec, anchor: datetime, *, stored: bool = False) -> Schedule:
+    """The schedule a job's ``schedule`` field describes, a ``rate`` counting from ``anchor`` (UTC): the one
+    way every caller parses it (submit, PATCH, claims, the start's re-check).
+
+    Raises:
+        ScheduleError: naming the ``schedule.*`` field at fault (``stored`` skips rules added for submits
+            since the job was stored: see :func:`duetime.schedules.parse_schedule`).
+    """
     return parse_schedule(
         spec.expression,
         spec.timezone,
@@ -43,8 +49,13 @@ def _cached_schedule(spec: ScheduleSpec, anchor: datetime) -> Schedule:
         dst_policy=spec.dst_policy,
         start_at=spec.start_at,
         end_at=spec.end_at,
-        stored=True,
+        stored=stored,
     )
+
+
+@lru_cache(maxsize=4096)
+def _cached_schedule(spec: ScheduleSpec, anchor: datetime) -> Schedule:
+    return parse_spec(spec, anchor, stored=True)
 
 
 def schedule_of(job: Job) -> Schedule | None:

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ValidationError
 
-from duetime.admission import SLOT_TRIGGERS, next_fire_after, schedule_of, select_slots
+from duetime.admission import SLOT_TRIGGERS, next_fire_after, parse_spec, schedule_of, select_slots
 from duetime.api_models import CreateJobRequest, SchedulePreviewResponse, UpdateJobRequest
 from duetime.claims import MAX_WALKED_SLOTS, claim_until, new_run
 from duetime.deps import Deps
@@ -97,10 +97,7 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
     if request.schedule is not None:
         spec = request.schedule
         anchor = truncate_ms(spec.start_at) if spec.start_at is not None else now
-        # validates expression, zone and bounds; raises ScheduleError naming the field
-        parse_schedule(
-            spec.expression, spec.timezone, anchor=anchor, start_at=spec.start_at, end_at=spec.end_at
-        )
+        parse_spec(spec, anchor)  # validates expression, zone and bounds; ScheduleError names the field
     job = Job(
         job_id=job_id,
         tenant=tenant,
@@ -464,14 +461,7 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
         # a rate keeps counting from start_at or the job's submission, as at submit: the same expression
         # sent again changes nothing, and a slot the old and new schedules share stays claimed
         anchor = truncate_ms(spec.start_at) if spec.start_at is not None else job.created_at
-        parse_schedule(
-            spec.expression,
-            spec.timezone,
-            anchor=anchor,
-            dst_policy=spec.dst_policy,
-            start_at=spec.start_at,
-            end_at=spec.end_at,
-        )
+        parse_spec(spec, anchor)
         updated = updated.model_copy(update={"anchor": anchor})
         # the new schedule takes effect from its first slot after now; the old schedule's runs claimed
         # ahead end SKIPPED (schedule_changed) unless the new schedule has a slot at the same instant

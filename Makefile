@@ -38,16 +38,18 @@ test-integration: $(STAMP)
 test-e2e: $(STAMP)
 	$(VENV)/bin/pytest -q -m e2e tests/e2e
 
+## ruff (lint and format) on everything, and mypy strict on the core library and the handlers
 lint: $(STAMP)
 	$(VENV)/bin/ruff check layers functions tests infra
 	$(VENV)/bin/ruff format --check layers functions tests infra
+	$(VENV)/bin/mypy layers/core/python/duetime functions
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format layers functions tests infra
 	$(VENV)/bin/ruff check --fix layers functions tests infra
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy layers/core/python/duetime
+	$(VENV)/bin/mypy layers/core/python/duetime functions
 
 clean:
 	rm -rf $(VENV) .duetime .pytest_cache .mypy_cache .ruff_cache

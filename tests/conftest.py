@@ -88,9 +88,11 @@ def deps(settings: Settings, clock: FixedClock) -> Deps:
 
 @pytest.fixture
 def api(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """The real ``functions/api/handler.py`` module, wired to the test's deps (moto + fixed clock)."""
+    """The real ``functions/api/handler.py`` module, its app's services wired to the test's deps (moto + fixed
+    clock) through Powertools' ``dependency_overrides``."""
+    from duetime.api.dependencies import service_deps
     from duetime.local.lambda_runtime import load_module
 
     module = load_module("api")
-    monkeypatch.setattr(module, "default_deps", lambda: deps)
+    monkeypatch.setitem(module.app.dependency_overrides, service_deps, lambda: deps)
     return module

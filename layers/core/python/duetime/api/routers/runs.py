@@ -1,0 +1,138 @@
+"""Runs: a job's runs, one run, its logs; cancel a run or re-drive a dead-lettered one."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.event_handler.openapi.params import Query
+
+from duetime import jobs
+from duetime.api.dependencies import ServiceDeps
+from duetime.api.idempotent import IdempotencyKey, once
+from duetime.api.responses import errors, ok, text_ok
+from duetime.api.routers import new_router
+from duetime.api.tenancy import Tenant
+from duetime.api_models import RunListResponse, RunResponse
+from duetime.errors import RequestFieldError
+from duetime.models import RunState, in_supported_range
+
+router = new_router()
+TAGS = ["runs"]
+
+
+def _check_instant(name: str, value: datetime | None) -> None:
+    """A query instant must carry its UTC offset and be in the supported range (400 naming it)."""
+    if value is None:
+        return
+    if value.tzinfo is None:
+        raise RequestFieldError(f"{name}: needs a UTC offset, e.g. 2026-12-01T10:00:00Z", name)
+    try:
+        in_supported_range(value)
+    except ValueError as exc:
+        raise RequestFieldError(f"{name}: {exc}", name) from None
+
+
+@router.get(
+    "/jobs/<job_id>/runs",
+    tags=TAGS,
+    responses=ok(200, RunListResponse, "A page of runs, newest due time first") | errors(400, 404),
+)
+def list_runs(
+    job_id: str,
+    deps: ServiceDeps,
+    tenant: Tenant,
+    state: Annotated[RunState | None, Query()] = None,
+    since: Annotated[datetime | None, Query(description="due at or after, ISO-8601 with offset")] = None,
+    until: Annotated[datetime | None, Query(description="due at or before, ISO-8601 with offset")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    next_token: Annotated[str | None, Query(max_length=2048)] = None,
+) -> RunListResponse:
+    """List a job's runs.
+
+    Newest due time first, `limit` to a page, optionally of one `state` or due between `since` and `until`;
+    pass the answer's `next_token` for the next page.
+    """
+    _check_instant("since", since)
+    _check_instant("until", until)
+    found, token = jobs.query_runs(
+        job_id,
+        tenant=tenant,
+        deps=deps,
+        limit=limit,
+        next_token=next_token,
+        state=state.value if state else None,
+        since=since,
+        until=until,
+    )
+    return RunListResponse(runs=[RunResponse.of(r) for r in found], next_token=token)
+
+
+@router.get("/runs/<run_id>", tags=TAGS, responses=ok(200, RunResponse, "The run") | errors(404))
+def get_run(run_id: str, deps: ServiceDeps, tenant: Tenant) -> RunResponse:
+    """Read a run.
+
+    Its state, attempt, timings, exit code, schedule lag, attempt history and events. A run's id is
+    `<job_id>.<due time in epoch ms>`, stable across retries.
+    """
+    return RunResponse.of(jobs.get_run(run_id, tenant=tenant, deps=deps))
+
+
+@router.post(
+    "/runs/<run_id>/cancel",
+    tags=TAGS,
+    responses=ok(200, RunResponse, "The run, CANCELLED") | errors(404, 409),
+)
+def cancel_run(run_id: str, deps: ServiceDeps, tenant: Tenant) -> RunResponse:
+    """Cancel a run.
+
+    A PENDING run never starts; a RUNNING one is fenced off and its task killed. A finished run is a 409.
+    """
+    return RunResponse.of(jobs.cancel_run(run_id, tenant=tenant, deps=deps))
+
+
+@router.get(
+    "/runs/<run_id>/logs", tags=TAGS, responses={**errors(400, 404), **text_ok("The attempt's stdout+stderr")}
+)
+def get_run_logs(
+    run_id: str, deps: ServiceDeps, tenant: Tenant, attempt: Annotated[int | None, Query(ge=1)] = None
+) -> Response[str]:
+    """Read a run's log.
+
+    The stdout+stderr of its latest attempt (`attempt=N`: an earlier one) as plain text; while the run
+    runs, its output so far.
+    """
+    text = jobs.get_run_log(run_id, tenant=tenant, deps=deps, attempt=attempt)
+    return Response(status_code=200, content_type="text/plain; charset=utf-8", body=text)
+
+
+@router.post(
+    "/runs/<run_id>/retry",
+    tags=TAGS,
+    responses=ok(200, RunResponse, "The run, PENDING again") | errors(400, 404, 409),
+)
+def retry_run(
+    run_id: str, deps: ServiceDeps, tenant: Tenant, idempotency_key: IdempotencyKey = None
+) -> Response[str]:
+    """Re-drive a dead-lettered or TIMED_OUT run.
+
+    It runs again with a fresh retry budget, its backoff from its first step. Any other run is a 409; a
+    retry with the same `Idempotency-Key` answers the same run.
+    """
+
+    def redrive() -> dict[str, Any]:
+        return {
+            "status": 200,
+            "body": RunResponse.of(jobs.redrive(run_id, tenant=tenant, deps=deps)).model_dump_json(),
+        }
+
+    return once(
+        idempotency_key,
+        tenant=tenant,
+        route=f"POST /runs/{run_id}/retry",
+        body={},
+        deps=deps,
+        action=redrive,
+        lambda_context=router.lambda_context,
+    )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import queue
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -80,18 +82,22 @@ class LocalLambdaContext:
 def handler(role: str, *, concurrency: int = 1) -> Callable[[dict[str, Any]], Any]:
     """A callable ``event -> result`` that invokes ``functions/<role>/handler.py:lambda_handler``.
 
-    Like Lambda, one execution environment handles one event at a time (Powertools' resolver keeps the
-    current request on its ``app`` object); ``concurrency`` environments (separate module copies) serve
-    concurrent callers, who wait for a free one.
+    Like Lambda, one execution environment handles one event at a time; ``concurrency`` environments
+    (separate module copies) serve concurrent callers, who wait for a free one. The ``api`` role is the
+    exception: Powertools' HTTP resolver keeps the request being served on a class attribute shared by every
+    copy (``BaseRouter.current_event``), so two API events at once could read each other's headers or
+    tenant; its events are served one at a time whatever ``concurrency`` says.
     """
     environments: queue.Queue[Callable[..., Any]] = queue.Queue()
     for i in range(concurrency):
         environments.put(load_module(role, i).lambda_handler)
+    one_at_a_time = threading.Lock() if role == "api" else contextlib.nullcontext()
 
     def invoke(event: dict[str, Any]) -> Any:
         fn = environments.get()
         try:
-            return fn(event, LocalLambdaContext(function_name=f"duetime-{role}"))
+            with one_at_a_time:
+                return fn(event, LocalLambdaContext(function_name=f"duetime-{role}"))
         finally:
             environments.put(fn)
             if is_metrics_disabled():

@@ -317,3 +317,72 @@ def test_a_slot_due_in_the_pause_whose_wake_up_never_reached_a_worker_is_decided
     assert [_start_at_due(deps, clock, r) for r in claimed[:2]] == ["not started"] * 2
     # And the run due at 30 s, after the resume, starts
     assert isinstance(_start_at_due(deps, clock, claimed[2]), Run)
+
+
+@pytest.mark.parametrize(("policy", "runs_it"), [("latest", True), ("none", False)])
+def test_a_late_wake_up_whose_newer_slots_already_ran_is_still_the_newest_missed_slot(
+    deps: Deps, clock, policy: str, runs_it: bool
+) -> None:
+    # Given the run due at 10 s lost its wake-up while the runs due at 20 .. 70 s ran on time
+    job = _rate_job(deps, catch_up=CatchUpPolicy(policy=policy))
+    claimed = _runs(deps, job.job_id)
+    for run in claimed[1:]:
+        started = _start_at_due(deps, clock, run)
+        assert isinstance(started, Run)
+        runs.finish(
+            started, deps, fencing_token=started.fencing_token, outcome=RunState.SUCCEEDED, exit_code=0
+        )
+    # When the sweeper's re-sent wake-up starts it at 85 s (75 s late: missed)
+    clock.set(T0 + timedelta(seconds=85))
+    outcome = _start_at_due(deps, clock, claimed[0])
+    # Then it is the newest missed slot still to decide: `latest` runs it, `none` does not
+    assert isinstance(outcome, Run) is runs_it
+    assert _state(deps, claimed[0])[0] == ("RUNNING" if runs_it else "SKIPPED")
+
+
+def test_a_run_due_before_a_schedule_change_still_runs_when_its_wake_up_comes_late(deps: Deps, clock) -> None:
+    job = _rate_job(deps)
+    first = _runs(deps, job.job_id)[0]
+    clock.set(T0 + timedelta(seconds=12))  # the 10 s run's wake-up has not reached a worker yet
+    jobs.update_job(
+        job.job_id,
+        UpdateJobRequest.model_validate({"schedule": {"expression": "rate(7 minutes)"}}),
+        tenant="t1",
+        deps=deps,
+    )
+    assert runs.start(message_for(first), deps, owner="w1").state is RunState.RUNNING
+
+
+def test_a_manual_run_of_a_paused_job_is_not_held_back_by_its_held_runs(deps: Deps, clock) -> None:
+    from duetime.models import OverlapPolicy
+
+    request = CreateJobRequest(
+        name="skip",
+        schedule=ScheduleSpec(expression="rate(10 seconds)"),
+        task=ContainerTask(command=["true"]),
+        overlap=OverlapPolicy(policy="skip"),
+    )
+    job = jobs.create_job(request, tenant="t1", deps=deps)
+    first = _runs(deps, job.job_id)[0]
+    jobs.pause_job(job.job_id, tenant="t1", deps=deps)
+    assert _start_at_due(deps, clock, first) == "not started"  # held
+    clock.advance(5)
+    manual = jobs.trigger_job(job.job_id, tenant="t1", deps=deps)
+    assert runs.start(message_for(manual), deps, owner="w1").state is RunState.RUNNING
+
+
+def test_a_resume_releases_the_runs_it_held_though_the_index_lags(deps: Deps, clock, monkeypatch) -> None:
+    # Given a paused job whose held run (10 s) the active-runs index does not show yet
+    job = _rate_job(deps)
+    claimed = _runs(deps, job.job_id)
+    clock.set(T0 + timedelta(seconds=5))
+    jobs.pause_job(job.job_id, tenant="t1", deps=deps)
+    _start_at_due(deps, clock, claimed[0])
+    monkeypatch.setattr(deps.store, "query_active", lambda *_a, **_k: [])
+    # When it is resumed 10 minutes later (latest)
+    clock.set(T0 + timedelta(seconds=605))
+    jobs.resume_job(job.job_id, tenant="t1", deps=deps)
+    # Then the newest slot of the pause (600 s), never claimed before, is the one released, and it starts
+    [newest] = [r for r in _runs(deps, job.job_id) if r.due_at == T0 + timedelta(seconds=600)]
+    assert (newest.state, newest.held) == (RunState.PENDING, None)
+    assert runs.start(message_for(newest), deps, owner="w1").state is RunState.RUNNING

@@ -4,8 +4,9 @@ A run claimed ahead is a promise made early (the tick claims up to one tick peri
 whatever changed its job since the claim decides, when the run is about to start, whether it still runs.
 
 - **deleted**: the job is gone or DELETED -> ``SKIPPED`` (reason ``deleted``).
-- **schedule changed**: a schedule slot whose due time is no longer a slot of the job's current schedule ->
-  ``SKIPPED`` (``schedule_changed``). A slot the new schedule shares with the old one still runs.
+- **schedule changed**: a schedule slot due after the change whose due time is not a slot of the job's
+  current schedule -> ``SKIPPED`` (``schedule_changed``). A slot the new schedule shares with the old one
+  still runs, and so does one due before the change (its wake-up was only late).
 - **paused**: a schedule slot of a PAUSED job is held (stays PENDING, out of the queue) until resume, when
   :func:`select_slots` over the held slots decides (the rest end ``SKIPPED``, ``paused``).
 - **catch-up**: a slot is *missed* when its run would start more than ``catch_up.tolerance_seconds`` after
@@ -118,21 +119,37 @@ def select_slots(slots: Sequence[datetime], policy: CatchUpPolicy) -> tuple[list
     return ordered[cut:], ordered[:cut]
 
 
-def keeps_missed(due_at: datetime, now: datetime, policy: CatchUpPolicy, schedule: Schedule | None) -> bool:
+#: most newer slots :func:`keeps_missed` walks past settled ones before it calls the slot far behind
+MAX_NEWER_WALKED = 1000
+
+
+def keeps_missed(
+    due_at: datetime,
+    now: datetime,
+    policy: CatchUpPolicy,
+    schedule: Schedule | None,
+    settled: frozenset[datetime] = frozenset(),
+) -> bool:
     """Whether the catch-up policy runs the missed slot ``due_at``, starting at ``now``.
 
-    It does when fewer than the policy's allowance of the job's *newer* slots are missed too (walking the
-    schedule from ``due_at``, at most ``max_runs`` steps). Without a schedule (a run-now job) there are no
-    newer slots: the policy ``none`` still drops it.
+    It does when fewer than the policy's allowance of the job's *newer* slots are missed too and still to
+    be decided: a newer slot in ``settled`` (its run already started, ended or was skipped, e.g. it ran on
+    time while this one's wake-up was lost, or an overlap policy skipped it while this one waited) does not
+    count. Without a schedule (a run-now job) there are no newer slots: the policy ``none`` still drops it.
     """
     allowed = _allowed(policy)
     if allowed == 0:
         return False
+    competing = 0
     cursor: datetime | None = due_at
-    for _ in range(allowed):
+    for _ in range(MAX_NEWER_WALKED):
         cursor = schedule.next_after(cursor) if schedule is not None and cursor is not None else None
         if cursor is None or not is_missed(truncate_ms(cursor), now, policy):
             return True
+        if truncate_ms(cursor) not in settled:
+            competing += 1
+            if competing >= allowed:
+                return False
     return False
 
 
@@ -140,6 +157,18 @@ def is_slot(due_at: datetime, schedule: Schedule) -> bool:
     """True when ``due_at`` (UTC, ms) is a fire time of ``schedule``."""
     nxt = schedule.next_after(due_at - timedelta(milliseconds=1))
     return nxt is not None and truncate_ms(nxt) == due_at
+
+
+def obsolete_slot(job: Job, due_at: datetime, schedule: Schedule | None) -> bool:
+    """True for a slot claimed for an instant after the job's last schedule change that the current
+    schedule does not fire at (the old schedule's run claimed ahead)."""
+    changed_at = job.schedule_changed_at
+    return (
+        schedule is not None
+        and changed_at is not None
+        and due_at > changed_at
+        and not is_slot(due_at, schedule)
+    )
 
 
 def admit(
@@ -167,7 +196,7 @@ def admit(
         return Admission(Verdict.SKIP, DELETED)
     if trigger not in SLOT_TRIGGERS:
         return Admission(Verdict.START)
-    if schedule is not None and not is_slot(due_at, schedule):
+    if obsolete_slot(job, due_at, schedule):
         return Admission(Verdict.SKIP, SCHEDULE_CHANGED)
     if job.state is JobState.PAUSED:
         return Admission(Verdict.HOLD, PAUSED)

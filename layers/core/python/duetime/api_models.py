@@ -247,7 +247,7 @@ class JobResponse(BaseModel):
     def of(
         cls, job: Job, *, next_fire_times: list[datetime] | None = None, last_run: Run | None = None
     ) -> JobResponse:
-        data = job.model_dump(exclude={"shard", "anchor", "paused_next_fire_at"})
+        data = job.model_dump(exclude={"shard", "anchor", "paused_next_fire_at", "schedule_changed_at"})
         data["next_fire_times"] = next_fire_times or []
         if last_run is not None:
             data["last_run"] = RunSummary(

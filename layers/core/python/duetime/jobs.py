@@ -462,7 +462,7 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
         # sent again changes nothing, and a slot the old and new schedules share stays claimed
         anchor = truncate_ms(spec.start_at) if spec.start_at is not None else job.created_at
         parse_spec(spec, anchor)
-        updated = updated.model_copy(update={"anchor": anchor})
+        updated = updated.model_copy(update={"anchor": anchor, "schedule_changed_at": now})
         # the new schedule takes effect from its first slot after now; the old schedule's runs claimed
         # ahead end SKIPPED (schedule_changed) unless the new schedule has a slot at the same instant
         nxt = next_fire_after(updated, now)
@@ -579,7 +579,8 @@ def _claim_due_now(job: Job, deps: Deps) -> Job:
 
 
 def pause_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
-    """ACTIVE -> PAUSED: the job leaves the due index; runs already claimed or running continue.
+    """ACTIVE -> PAUSED: the job leaves the due index; its runs claimed ahead are held when they come due
+    (they wait PENDING for the resume, whose catch-up policy decides them); runs already started continue.
 
     Pausing a paused job is a no-op. Raises NotFoundError; ConflictError if the job is not ACTIVE or PAUSED.
     """
@@ -624,13 +625,14 @@ def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
     # a slot due in the pause whose wake-up has not reached a worker yet is held now, while the job is still
     # PAUSED (a worker would hold it too): every slot due in the pause is decided here, whatever its lateness
     since = job.paused_at or now - timedelta(seconds=deps.settings.tick_lookahead_seconds)
+    known: list[datetime] = []
     for run in _pending_first_attempts(job_id, deps, since=since, until=now):
-        if run.held is None and run.trigger in SLOT_TRIGGERS:
-            hold(job_id, run.due_at, deps)
+        if run.trigger in SLOT_TRIGGERS and (run.held is not None or hold(job_id, run.due_at, deps)):
+            known.append(run.due_at)
     slots = _slots_between(job, job.paused_next_fire_at, now)
     claimed = {r.due_at for r in _runs_between(job_id, deps, since=slots[0], until=now)} if slots else set()
     unclaimed = [d for d in slots if d not in claimed]  # (a tick may have claimed one just before the pause)
-    held = [r.due_at for r in held_runs(job_id, deps)]
+    held = sorted({*known, *(r.due_at for r in held_runs(job_id, deps))})
     kept, dropped = select_slots([*held, *unclaimed], job.catch_up)
     keep_unclaimed = [d for d in kept if d in set(unclaimed)]
     # the kept slots nobody claimed yet become held runs first: if this request dies here, the sweeper
@@ -645,6 +647,7 @@ def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
         ).model_copy(update={"held": "paused", "watch_at": now + timedelta(seconds=HOLD_RECHECK_SECONDS)})
         with suppress(AlreadyClaimedError):
             deps.store.put_new_run(run)
+        known.append(due_at)
     if job.paused_next_fire_at is None:
         nxt = None
     elif job.paused_next_fire_at > now:
@@ -665,7 +668,7 @@ def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
     deps.store.replace_job(resumed, expected_version=job.version, expected_next_fire_at=None)
     if nxt is None and job.schedule is not None:
         deps.store.add_active_jobs(job.tenant, -1)  # COMPLETED: no longer counts against the quota
-    release_held(job_id, resumed, deps)
+    release_held(job_id, resumed, deps, known=known)
     return _claim_due_now(resumed, deps)
 
 

@@ -419,6 +419,8 @@ class Job(BaseModel):
     paused_next_fire_at: Instant | None = None
     #: PAUSED jobs: when the pause began (the resume decides every slot due since, claimed or not)
     paused_at: Instant | None = None
+    #: when the schedule was last changed by a PATCH: runs claimed for later instants must be its slots
+    schedule_changed_at: Instant | None = None
     state: JobState
     shard: int
     next_fire_at: Instant | None

@@ -9,13 +9,22 @@ Every transition is one conditional update in :class:`~duetime.store.DynamoStore
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 
 from aws_lambda_powertools.metrics import MetricUnit
 
 from duetime import admission
-from duetime.admission import SLOT_TRIGGERS, Verdict, admit, is_slot, schedule_of, select_slots
+from duetime.admission import (
+    SLOT_TRIGGERS,
+    Verdict,
+    admit,
+    keeps_missed,
+    obsolete_slot,
+    schedule_of,
+    select_slots,
+)
 from duetime.deps import Deps
 from duetime.errors import AlreadyClaimedError, LeaseLostError, StartRejectedError
 from duetime.logs import log_key
@@ -139,6 +148,16 @@ def _admit(message: RunMessage, deps: Deps, now: datetime) -> None:
         now=now,
         schedule=schedule_of(job) if job is not None else None,
     )
+    if verdict.verdict is Verdict.SKIP and verdict.reason == admission.MISSED and job is not None:
+        # a second look before dropping a missed slot: newer slots that already ran, ended or were skipped
+        # (it waited behind an overlap, or its wake-up was lost while they ran on time) do not compete
+        horizon = now - timedelta(seconds=job.catch_up.tolerance_seconds)
+        newer, _ = deps.store.query_runs(
+            message.job_id, limit=1000, since=message.due_at + timedelta(milliseconds=1), until=horizon
+        )
+        settled = frozenset(r.due_at for r in newer if r.state is not RunState.PENDING or r.attempts)
+        if keeps_missed(message.due_at, now, job.catch_up, schedule_of(job), settled):
+            return
     if verdict.verdict is Verdict.START:
         return
     if verdict.verdict is Verdict.HOLD:
@@ -180,7 +199,9 @@ def held_runs(job_id: str, deps: Deps) -> list[Run]:
     return found
 
 
-def release_held(job_id: str, job: Job | None, deps: Deps) -> tuple[int, int]:
+def release_held(
+    job_id: str, job: Job | None, deps: Deps, *, known: Sequence[datetime] = ()
+) -> tuple[int, int]:
     """Settle the runs a pause held, once the job is no longer PAUSED.
 
     Deleted job: all end SKIPPED (``deleted``). Otherwise the ones that are no longer slots of the job's
@@ -189,12 +210,23 @@ def release_held(job_id: str, job: Job | None, deps: Deps) -> tuple[int, int]:
     at once, the others end SKIPPED (``paused``) and count in the job's ``missed_slots``. Every step is
     conditional, so a resume and the sweeper may both run it.
 
+    Args:
+        known: due times of runs the caller held itself (read by key: the active-runs index may not show
+            them yet).
+
     Returns:
         (released, skipped) counts. Nothing happens while the job is still PAUSED.
     """
     if job is not None and job.state is JobState.PAUSED:
         return 0, 0
-    held = held_runs(job_id, deps)
+    # the index lags its table: the runs the caller just held are read by key
+    found = {r.due_at: r for r in held_runs(job_id, deps)}
+    for due_at in known:
+        if due_at not in found:
+            row = deps.store.get_run(job_id, due_at)
+            if row is not None and row.state is RunState.PENDING and row.held is not None:
+                found[due_at] = row
+    held = [found[d] for d in sorted(found)]
     if not held:
         return 0, 0
     skipped = 0
@@ -205,7 +237,7 @@ def release_held(job_id: str, job: Job | None, deps: Deps) -> tuple[int, int]:
     schedule = schedule_of(job)
     slots = []
     for run in held:
-        if schedule is not None and run.trigger in SLOT_TRIGGERS and not is_slot(run.due_at, schedule):
+        if run.trigger in SLOT_TRIGGERS and obsolete_slot(job, run.due_at, schedule):
             skipped += skip(run, deps, reason=admission.SCHEDULE_CHANGED) is not None
         else:
             slots.append(run)
@@ -268,6 +300,10 @@ def _apply_overlap(message: RunMessage, deps: Deps) -> None:
     if run is None or run.state not in (RunState.PENDING, RunState.RETRY_WAIT) or not run.overlap.enforced:
         return  # the conditional start decides
     earlier = deps.store.query_active(run.job_id, before=run.due_at)
+    if earlier and run.trigger not in SLOT_TRIGGERS:
+        # runs a pause holds are not active predecessors of a manual run (a paused job's manual runs run)
+        rows = [deps.store.get_run(run.job_id, d) for d in earlier]
+        earlier = [r.due_at for r in rows if r is not None and r.held is None and not r.state.terminal]
     if len(earlier) < run.overlap.limit:
         return
     policy = run.overlap.policy

@@ -25,7 +25,7 @@ run: $(LOCAL_STAMP)
 	$(VENV)/bin/duetime local $(ARGS)
 
 ## the whole suite: unit, integration (moto in-process), end-to-end (the real local stack), and the fault
-## harness with 500 seeds of the deterministic simulation (`make faults` runs those at length)
+## harness with 350 seeds of the deterministic simulation (`make faults` runs those at length)
 test: $(STAMP)
 	$(VENV)/bin/pytest -n 2 --dist loadgroup -q
 

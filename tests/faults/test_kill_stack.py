@@ -30,6 +30,7 @@ def test_a_stack_sigkilled_twenty_times_in_a_row_never_leaves_a_process_behind(t
     print(f"last process gone after: max {max(took):.1f} s, mean {sum(took) / len(took):.1f} s")
 
 
+@pytest.mark.skipif(not FULL, reason="make faults only")
 def test_a_worker_told_to_stop_while_its_aws_hangs_kills_its_task_and_exits_after_its_budget(
     stacks: Callable[..., Stack], tmp_path: Path
 ) -> None:

@@ -1,4 +1,4 @@
-"""Read the call records of :mod:`duetime.callcount` and split them into per-run and fixed costs (pure).
+"""Read the call records of :mod:`duetime.local.callcount` and split them into per-run and fixed costs (pure).
 
 Fixed costs are what the system spends whatever is due: every tick (one per shard, once a minute in AWS) makes
 a due-index query and takes and releases its shard lease; every sweep queries each shard's watchdog index;
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from duetime.callcount import READ_UNIT_BYTES
+from duetime.local.callcount import READ_UNIT_BYTES
 
 #: the local stack's clock-loop thread (tick per shard, then the sweeper)
 CLOCK_THREAD = "clock"

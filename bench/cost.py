@@ -1,7 +1,7 @@
 """Cost per run: count every AWS call the local stack makes while a standard workload runs.
 
 The stack runs with ``DUETIME_CALL_COUNT_DIR`` set, so every process (``duetime local`` with the API and the
-clock loop, and every worker) appends its calls to a per-pid file (:mod:`duetime.callcount`). The bench first
+clock loop, and every worker) appends its calls to a per-pid file (:mod:`duetime.local.callcount`). The bench first
 records an idle window (nothing submitted) to measure the fixed cost of a clock-loop iteration, then submits
 the workload over HTTP, as a user would, and waits until every run is terminal:
 

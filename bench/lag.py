@@ -1,7 +1,7 @@
 """Lag and throughput of a top-of-the-minute burst on the real local stack.
 
 N one-off jobs, ``at(T)`` with the same whole second T and the trivial command ``true``, are built by the real
-submit code (:func:`duetime.jobs.create_job`) and written to the jobs table ahead of time in batches, before T
+submit code (:func:`duetime.services.jobs.create_job`) and written to the jobs table ahead of time in batches, before T
 enters the tick's lookahead, so the stack's own clock loop (tick every second) claims them and its workers run
 them. Measured from the runs' records: lag = ``started_at - due_at`` (p50/p95/p99/max), start throughput
 = N / (last start - T), and the time until the last run finished. CPU seconds of Duetime's processes
@@ -39,11 +39,11 @@ class _CaptureStore:
 
 def build_jobs(n: int, due: datetime, settings: Any, *, command: list[str], prefix: str) -> list[Any]:
     """``n`` jobs exactly as ``POST /jobs`` would store them: ``at(due)``, ``command``, default policies."""
-    from duetime.api_models import CreateJobRequest
-    from duetime.clock import SystemClock
-    from duetime.deps import Deps
-    from duetime.jobs import create_job
-    from duetime.models import ContainerTask, ScheduleSpec
+    from duetime.config.deps import Deps
+    from duetime.domain.api_models import CreateJobRequest
+    from duetime.domain.clock import SystemClock
+    from duetime.domain.models import ContainerTask, ScheduleSpec
+    from duetime.services.jobs import create_job
 
     capture = _CaptureStore()
     # a lookahead of ~0 so create_job never claims: the jobs are stored as submitted, for a tick to claim
@@ -76,7 +76,7 @@ def batch_write(ddb: Any, table: str, items: list[dict[str, Any]]) -> None:
 
 def scan_all(ddb: Any, table: str, attributes: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Every item of ``table`` (only ``attributes`` if given), deserialised."""
-    from duetime.store import deserialize
+    from duetime.adapters.aws.dynamodb import deserialize
 
     items: list[dict[str, Any]] = []
     kwargs: dict[str, Any] = {"TableName": table}
@@ -97,8 +97,8 @@ def _ts(value: Any) -> float:
 
 def burst(n: int, *, workers: int = 2, timeout: float = 600.0) -> dict[str, Any]:
     """Run one burst of ``n`` jobs on a fresh local stack; returns its figures (seconds)."""
-    from duetime.settings import settings_from_env
-    from duetime.store import job_to_item, serialize
+    from duetime.adapters.aws.dynamodb import job_to_item, serialize
+    from duetime.config.settings import settings_from_env
 
     with stackmod.running(tick_seconds=1.0, workers=workers) as stack:
         settings = settings_from_env(stack.state["env"])

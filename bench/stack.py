@@ -36,7 +36,7 @@ FAKE_CREDENTIALS = {
 
 
 def aws_client(service: str, endpoint: str) -> Any:
-    """An uncounted boto3 client on ``endpoint`` (never :func:`duetime.aws.client`)."""
+    """An uncounted boto3 client on ``endpoint`` (never :func:`duetime.adapters.aws.clients.client`)."""
     return boto3.session.Session().client(
         service,
         endpoint_url=endpoint,

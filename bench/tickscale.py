@@ -1,9 +1,9 @@
-"""How many claims per second one shard's tick sustains: ``duetime.claims.tick`` against moto's server.
+"""How many claims per second one shard's tick sustains: ``duetime.services.claims.tick`` against moto's server.
 
 A moto server (the local stack's, with DynamoDB serialised) and the stack's resources; M jobs in one shard all
 due within the lookahead (``at(now + 30 s)``: the claims send delayed messages, as a tick working ahead of the
 top of the minute does); then one ``tick(0)`` in this process, timed. Claims/s = M / the tick's wall time.
-Every AWS call of the tick is counted and timed (:mod:`duetime.callcount`, light mode) so the time splits by
+Every AWS call of the tick is counted and timed (:mod:`duetime.local.callcount`, light mode) so the time splits by
 operation; CPU seconds are split between this process (Duetime's code + boto3) and moto's server.
 """
 
@@ -47,13 +47,14 @@ def measure(m: int) -> dict[str, Any]:
     import psutil
 
     from bench import calls as callsmod
-    from duetime import aws, callcount
-    from duetime.claims import tick
-    from duetime.clock import SystemClock
-    from duetime.deps import deps_from_settings
-    from duetime.resources import ResourceNames, create_all
-    from duetime.settings import Settings
-    from duetime.store import job_to_item, serialize
+    from duetime.adapters.aws import clients as aws
+    from duetime.adapters.aws.dynamodb import job_to_item, serialize
+    from duetime.adapters.aws.resources import ResourceNames, create_all
+    from duetime.config.deps import deps_from_settings
+    from duetime.config.settings import Settings
+    from duetime.domain.clock import SystemClock
+    from duetime.local import callcount
+    from duetime.services.claims import tick
 
     moto, endpoint = _start_moto()
     saved = {

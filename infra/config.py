@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from duetime.settings import CONTAINER_TIERS, Settings
+from duetime.config.settings import CONTAINER_TIERS, Settings
 
 #: Context keys read by :func:`stage_from_context`.
 STAGE_CONTEXT_KEY = "stage"

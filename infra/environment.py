@@ -1,6 +1,6 @@
 """The runtime environment of every Duetime process in AWS (functions and workers).
 
-Built through ``duetime.settings`` itself: a :class:`~duetime.settings.Settings` is validated with the stack's
+Built through ``duetime.config.settings`` itself: a :class:`~duetime.config.settings.Settings` is validated with the stack's
 resource names (CloudFormation tokens) and the stage's values, then turned into variables by
 ``settings_to_env``, so the names are exactly the ones the code reads and every value passes the code's own
 validation at synth time. ``DUETIME_QUEUE_URLS`` is rendered by CloudFormation (``Fn::Join``) so that the
@@ -12,7 +12,7 @@ from __future__ import annotations
 from aws_cdk import Stack
 from constructs import Construct
 
-from duetime.settings import Settings, settings_to_env
+from duetime.config.settings import Settings, settings_to_env
 from infra.config import StageConfig
 from infra.constructs.queues import TierQueues
 from infra.constructs.storage import Storage
@@ -42,7 +42,9 @@ def runtime_environment(
     }
     if "idempotency_table" in Settings.model_fields:  # Powertools idempotency of Idempotency-Key requests
         values["idempotency_table"] = storage.idempotency.table_name
-    if timeout_state_machine_arn is not None:  # the sweeper hands stuck attempts to it (duetime.timeouts)
+    if (
+        timeout_state_machine_arn is not None
+    ):  # the sweeper hands stuck attempts to it (duetime.services.timeouts)
         values["timeout_state_machine_arn"] = timeout_state_machine_arn
     settings = Settings.model_validate(values)
     env = settings_to_env(settings)

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from moto import mock_aws
 
-from duetime import aws
-from duetime.clock import FixedClock
-from duetime.deps import Deps, deps_from_settings
+from duetime.adapters.aws import clients as aws
+from duetime.adapters.aws.resources import ResourceNames, create_all
+from duetime.config.deps import Deps, deps_from_settings
+from duetime.config.settings import Settings
+from duetime.domain.clock import FixedClock
 from duetime.local.stack import LOCAL_AWS_ENV
-from duetime.resources import ResourceNames, create_all
-from duetime.settings import Settings
 
 #: the simulation's markers and its end-of-session summary (seeds run, faults injected by kind)
 pytest_plugins = ["tests.sim.report"]

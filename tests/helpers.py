@@ -6,7 +6,7 @@ import json
 from types import ModuleType
 from typing import Any
 
-from duetime import aws
+from duetime.adapters.aws import clients as aws
 from duetime.local.lambda_runtime import LocalLambdaContext
 
 

@@ -1,7 +1,7 @@
 """HTTP API (API Gateway HTTP API, payload v2) -> Powertools resolver with validation and OpenAPI.
 
 Thin: the app (``duetime.api.resolver``), one router per resource (``duetime.api.routers``), each route
-calling one service in ``duetime.jobs``. Errors are JSON ``{"error": {"code", "message", "field"}}``; bad
+calling one service in ``duetime.services.jobs``. Errors are JSON ``{"error": {"code", "message", "field"}}``; bad
 input is a 4xx naming the field, never a 500 (``duetime.api.errors``).
 """
 
@@ -14,7 +14,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from duetime.api.resolver import create_app
 from duetime.api.routers import dead_letters, health, jobs, runs, schedules
-from duetime.observability import logger
+from duetime.config.observability import logger
 
 app = create_app()
 app.include_router(health.router)

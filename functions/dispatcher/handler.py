@@ -1,7 +1,7 @@
 """Dispatcher: the ``lambda`` tier's SQS consumer (event source mapping with ``ReportBatchItemFailures``).
 
 For each record: claim the run (PENDING -> RUNNING, lease = the function's timeout + a margin) and invoke its
-function asynchronously with the run's envelope (``duetime.lambda_tasks.dispatch``). A duplicate or stale
+function asynchronously with the run's envelope (``duetime.services.lambda_tasks.dispatch``). A duplicate or stale
 delivery is dropped, not failed; only a record that could not be claimed (a malformed body, a DynamoDB fault)
 is reported as a batch item failure and comes back after the queue's visibility timeout.
 """
@@ -15,9 +15,9 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from duetime.deps import default_deps
-from duetime.lambda_tasks import BotoLambdaInvoker, DispatchOutcome, RunMessageRecord, dispatch
-from duetime.observability import logger, metrics
+from duetime.config.deps import default_deps
+from duetime.config.observability import logger, metrics
+from duetime.services.lambda_tasks import BotoLambdaInvoker, DispatchOutcome, RunMessageRecord, dispatch
 
 processor = BatchProcessor(event_type=EventType.SQS, model=RunMessageRecord)
 invoker = BotoLambdaInvoker()

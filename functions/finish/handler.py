@@ -2,7 +2,7 @@
 
 The event is Lambda's destination record: ``requestContext.condition`` (``Success``, ``RetriesExhausted``,
 ``EventAgeExceeded``), ``requestPayload`` (the run's envelope) and ``responsePayload`` (the function's result,
-or its error object). The attempt ends under the envelope's fencing token (``duetime.lambda_tasks``); a stale
+or its error object). The attempt ends under the envelope's fencing token (``duetime.services.lambda_tasks``); a stale
 envelope is rejected and recorded on the run.
 """
 
@@ -14,9 +14,9 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import ValidationError
 
-from duetime.deps import default_deps
-from duetime.lambda_tasks import DestinationRecord, FinishStatus, finish_from_record
-from duetime.observability import logger, metrics
+from duetime.config.deps import default_deps
+from duetime.config.observability import logger, metrics
+from duetime.services.lambda_tasks import DestinationRecord, FinishStatus, finish_from_record
 
 _METRICS = {
     FinishStatus.APPLIED: "LambdaRunFinished",

@@ -9,9 +9,9 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from duetime.deps import default_deps
-from duetime.observability import logger, metrics
-from duetime.sweeper import sweep
+from duetime.config.deps import default_deps
+from duetime.config.observability import logger, metrics
+from duetime.services.sweeper import sweep
 
 
 @logger.inject_lambda_context

@@ -8,9 +8,9 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from duetime.claims import tick
-from duetime.deps import default_deps
-from duetime.observability import logger, metrics
+from duetime.config.deps import default_deps
+from duetime.config.observability import logger, metrics
+from duetime.services.claims import tick
 
 
 @logger.inject_lambda_context

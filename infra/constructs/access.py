@@ -16,14 +16,14 @@ from typing import Any
 from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
 
-from duetime.logs import log_key
-from duetime.resources import jobs_table_definition, runs_table_definition
-from duetime.settings import ALL_TIERS
+from duetime.adapters.aws.resources import jobs_table_definition, runs_table_definition
+from duetime.adapters.aws.s3_logs import log_key
+from duetime.config.settings import ALL_TIERS
 from infra.constructs.queues import TierQueues
 from infra.constructs.storage import Storage
 from infra.nag import acknowledge, arn_finding
 
-#: Key prefix of run logs in the logs bucket, read off ``duetime.logs.log_key`` so the two cannot drift.
+#: Key prefix of run logs in the logs bucket, read off ``duetime.adapters.aws.s3_logs.log_key`` so the two cannot drift.
 LOG_KEY_PREFIX = log_key("job", "run", 1).split("/", 1)[0] + "/"
 
 

@@ -26,8 +26,8 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from duetime.resources import ACTIVE_INDEX, RUNNING_INDEX
-from duetime.settings import CONTAINER_TIERS
+from duetime.adapters.aws.resources import ACTIVE_INDEX, RUNNING_INDEX
+from duetime.config.settings import CONTAINER_TIERS
 from infra.bundling import REPO_ROOT
 from infra.config import StageConfig, WorkerTierConfig
 from infra.constructs.access import Access, Catalogue, Target, allow
@@ -50,7 +50,7 @@ STOP_TIMEOUT = Duration.seconds(120)
 
 
 def worker_access(tier: str) -> tuple[Access, ...]:
-    """The worker (``duetime.worker`` and ``duetime.runs``): pull, extend and delete its tier's messages; start
+    """The worker (``duetime.services.worker`` and ``duetime.services.runs``): pull, extend and delete its tier's messages; start
     a run (UpdateItem, after an overlap check: Query the active index, GetItem, and the tenant's RUNNING quota:
     Query the running-runs index), heartbeat and finish it
     (UpdateItem); afterwards send the retry wake-up, start an ``on_timeout: trigger`` run of another job (GetItem
@@ -179,7 +179,7 @@ class Executors(Construct):
         acknowledge(
             task,
             "AwsSolutions-ECS2",
-            "the variables are resource names, queue URLs and tunables (duetime.settings), none of them secret",
+            "the variables are resource names, queue URLs and tunables (duetime.config.settings), none of them secret",
         )
         if task.execution_role is not None:
             acknowledge(

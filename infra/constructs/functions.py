@@ -22,7 +22,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk.aws_lambda_event_sources import SqsEventSource
 from constructs import Construct
 
-from duetime.resources import (
+from duetime.adapters.aws.resources import (
     ACTIVE_INDEX,
     DEAD_LETTER_INDEX,
     DUE_INDEX,
@@ -77,7 +77,7 @@ class FunctionSpec:
 #: Powertools idempotency (``DynamoDBPersistenceLayer``): get, put (conditional), update and delete records.
 IDEMPOTENCY_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
 
-#: The API serves ``duetime.jobs``: submit (put job, then claim: put run, advance job, send), read and list
+#: The API serves ``duetime.services.jobs``: submit (put job, then claim: put run, advance job, send), read and list
 #: jobs (GetItem; Query by tenant, then BatchGetItem the page), replace a job on PATCH/pause/resume/delete (conditional PutItem), trigger
 #: (put run, send), list runs (Query), read a run (GetItem), cancel or redrive a run (UpdateItem, then wake the
 #: job's next waiting run: Query the active index, GetItem, send), list dead letters (Query), read logs
@@ -106,7 +106,7 @@ API = FunctionSpec(
         allow(Target.LOGS_BUCKET, "s3:ListBucket"),
     ),
 )
-#: The tick runs ``duetime.claims.tick``: take the shard lease (UpdateItem on its item in the jobs table),
+#: The tick runs ``duetime.services.claims.tick``: take the shard lease (UpdateItem on its item in the jobs table),
 #: Query the due index, then per job PutItem run, UpdateItem job, SendMessage to the run's tier; release.
 TICK = FunctionSpec(
     "tick",
@@ -121,7 +121,7 @@ TICK = FunctionSpec(
     ),
     async_retries=0,
 )
-#: The sweeper runs ``duetime.sweeper.sweep``: Query the watchdog index; re-send PENDING runs and release
+#: The sweeper runs ``duetime.services.sweeper.sweep``: Query the watchdog index; re-send PENDING runs and release
 #: retries (UpdateItem, send); skip runs past their starting deadline, expire leases and settle timed-out
 #: attempts (start an execution of the timeout-handler state machine, granted by the stack; without one
 #: configured it settles them in-process with the same plan): UpdateItem, then retry wake-ups (send), the
@@ -143,7 +143,7 @@ SWEEPER = FunctionSpec(
     async_retries=0,
 )
 
-#: The dispatcher runs ``duetime.lambda_tasks.dispatch`` for each lambda-tier message: re-check a first
+#: The dispatcher runs ``duetime.services.lambda_tasks.dispatch`` for each lambda-tier message: re-check a first
 #: attempt against its job (GetItem job; a slot skipped as missed counts on the job: UpdateItem), read and
 #: claim the run (GetItem, UpdateItem; overlap check on the active index, tenant RUNNING quota on the
 #: running-runs index),
@@ -165,7 +165,7 @@ DISPATCHER = FunctionSpec(
     ),
     queue_source="lambda",
 )
-#: Finish runs ``duetime.lambda_tasks.finish_from_record`` on a target's destination record: end the attempt
+#: Finish runs ``duetime.services.lambda_tasks.finish_from_record`` on a target's destination record: end the attempt
 #: under its fencing token (GetItem, UpdateItem run), write its log (Get/PutObject, ListBucket), then retry
 #: (send), start an ``on_timeout``/``on_failure`` trigger run of another job (GetItem job, PutItem run, send to
 #: its tier) and wake the job's next waiting run (Query the active index, send).

@@ -3,7 +3,7 @@
 Alarms: schedule lag p99 (``ScheduleLag``, seconds from due to start, emitted by the code), each queue's age of
 oldest message, each dead-letter queue's depth, runs dead-lettered (``RunDeadLettered``), API 5xx, and errors
 of the scheduled functions. The code's metrics are EMF in namespace ``Duetime`` with the Powertools
-``service`` dimension; both are read from ``duetime.observability`` so the alarms watch what the code emits.
+``service`` dimension; both are read from ``duetime.config.observability`` so the alarms watch what the code emits.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
-from duetime.observability import metrics as code_metrics
-from duetime.settings import ALL_TIERS
+from duetime.config.observability import metrics as code_metrics
+from duetime.config.settings import ALL_TIERS
 from infra.config import StageConfig
 from infra.constructs.api import Api
 from infra.constructs.queues import TierQueues

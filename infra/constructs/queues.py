@@ -1,6 +1,6 @@
 """Queues: one SQS queue per tier with its dead-letter queue (DESIGN.md section 7).
 
-Attributes mirror ``duetime.resources.queue_attributes`` (what the local stack creates): retention, redrive
+Attributes mirror ``duetime.adapters.aws.resources.queue_attributes`` (what the local stack creates): retention, redrive
 after ``QUEUE_MAX_RECEIVE_COUNT`` deliveries, and the visibility timeout. The one deliberate difference is the
 lambda tier: its consumer will be the dispatcher function, and AWS asks for a visibility timeout of at
 least six times the timeout of a function fed by an SQS event source.
@@ -12,8 +12,12 @@ from aws_cdk import Duration
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from duetime.resources import DLQ_RETENTION_SECONDS, QUEUE_MAX_RECEIVE_COUNT, QUEUE_VISIBILITY_SECONDS
-from duetime.settings import ALL_TIERS
+from duetime.adapters.aws.resources import (
+    DLQ_RETENTION_SECONDS,
+    QUEUE_MAX_RECEIVE_COUNT,
+    QUEUE_VISIBILITY_SECONDS,
+)
+from duetime.config.settings import ALL_TIERS
 from infra.nag import acknowledge
 
 #: The dispatcher (the lambda tier's consumer) runs with this timeout, seconds.

@@ -1,6 +1,6 @@
 """Storage: the jobs, runs and idempotency tables and the run-logs bucket (DESIGN.md section 3).
 
-The tables are built from ``duetime.resources``' ``create_table`` definitions, the same ones the local stack
+The tables are built from ``duetime.adapters.aws.resources``' ``create_table`` definitions, the same ones the local stack
 and the integration tests create, so keys, attribute types and indexes cannot drift between AWS and moto.
 """
 
@@ -13,7 +13,7 @@ from aws_cdk import aws_dynamodb as ddb
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from duetime.resources import RUNS_TTL_ATTRIBUTE, jobs_table_definition, runs_table_definition
+from duetime.adapters.aws.resources import RUNS_TTL_ATTRIBUTE, jobs_table_definition, runs_table_definition
 from infra.config import StageConfig
 from infra.nag import acknowledge
 

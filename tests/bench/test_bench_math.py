@@ -9,7 +9,7 @@ import pytest
 
 from bench import calls, model
 from bench.stats import percentile, summarize
-from duetime.callcount import TableSchema, item_size, read_units, sqs_requests, value_size, write_units
+from duetime.local.callcount import TableSchema, item_size, read_units, sqs_requests, value_size, write_units
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The AWS calls one run costs, counted through botocore's hooks (duetime.callcount), asserted exactly.
+"""The AWS calls one run costs, counted through botocore's hooks (duetime.local.callcount), asserted exactly.
 
 A change that adds a call or a write unit to a run's path fails here: update the figures on purpose, with the
 README's Performance section, or remove the extra call. Derived from the code (DESIGN.md sections 4 and 5):
@@ -20,13 +20,15 @@ from typing import Any
 
 import pytest
 
-from duetime import aws, callcount, claims, jobs
-from duetime.api_models import CreateJobRequest
-from duetime.clock import FixedClock
-from duetime.deps import Deps
-from duetime.models import ContainerTask, RunState, ScheduleSpec
-from duetime.sweeper import sweep
-from duetime.worker import Worker
+from duetime.adapters.aws import clients as aws
+from duetime.config.deps import Deps
+from duetime.domain.api_models import CreateJobRequest
+from duetime.domain.clock import FixedClock
+from duetime.domain.models import ContainerTask, RunState, ScheduleSpec
+from duetime.local import callcount
+from duetime.services import claims, jobs
+from duetime.services.sweeper import sweep
+from duetime.services.worker import Worker
 
 
 class Counted:
@@ -49,7 +51,7 @@ class Counted:
 
 @pytest.fixture
 def counted(deps: Deps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted]:
-    """Every client that ``duetime.aws.client`` creates from here on counts its calls into ``tmp_path``."""
+    """Every client that ``duetime.adapters.aws.clients.client`` creates from here on counts its calls into ``tmp_path``."""
     monkeypatch.setenv(callcount.ENV_VAR, str(tmp_path))
     aws.reset_clients()
     callcount.reset()

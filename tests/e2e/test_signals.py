@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from duetime.config.settings import CONTAINER_TIERS
 from duetime.local.lifeline import PARENT_PID_ENV
-from duetime.settings import CONTAINER_TIERS
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 
 pytestmark = pytest.mark.e2e

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 import boto3
 import pytest
 
+from duetime.adapters.aws.dynamodb import deserialize
 from duetime.local.stack import LOCAL_AWS_ENV
-from duetime.store import deserialize
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 
 #: short leases so each scenario takes seconds (a heartbeat every second keeps a 4 s lease on a busy box)
@@ -111,7 +111,7 @@ def run_problems(run: dict[str, Any], executed: list[tuple[int, int]]) -> list[s
 # ---- the stack's AWS, from the test process -------------------------------------------------------------
 @dataclass
 class StackAws:
-    """boto3 clients on a stack's moto server (never the process-wide ``duetime.aws`` cache)."""
+    """boto3 clients on a stack's moto server (never the process-wide ``duetime.adapters.aws.clients`` cache)."""
 
     endpoint: str
     state: dict[str, Any]

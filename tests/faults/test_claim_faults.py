@@ -17,16 +17,17 @@ from typing import Any
 
 import pytest
 
-from duetime import aws, claims, jobs
-from duetime.api_models import CreateJobRequest, RunResponse
-from duetime.clock import FixedClock
-from duetime.deps import Deps, deps_from_settings
+from duetime.adapters.aws import clients as aws
+from duetime.adapters.aws.resources import ResourceNames
+from duetime.config.deps import Deps, deps_from_settings
+from duetime.config.settings import Settings
+from duetime.domain.api_models import CreateJobRequest, RunResponse
+from duetime.domain.clock import FixedClock
+from duetime.domain.models import ContainerTask, Job, RunState, ScheduleSpec
 from duetime.local.stack import LOCAL_AWS_ENV
-from duetime.models import ContainerTask, Job, RunState, ScheduleSpec
-from duetime.resources import ResourceNames
-from duetime.settings import Settings
-from duetime.sweeper import sweep
-from duetime.worker import Worker
+from duetime.services import claims, jobs
+from duetime.services.sweeper import sweep
+from duetime.services.worker import Worker
 from tests.conftest import T0, make_settings
 from tests.faults.conftest import Effects, run_problems, running_moto
 from tests.helpers import drain, queue_counts

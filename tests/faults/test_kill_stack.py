@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from duetime.worker import LOOP_STUCK_SECONDS, STOP_BUDGET_ENV
+from duetime.services.worker import LOOP_STUCK_SECONDS, STOP_BUDGET_ENV
 from tests.e2e.test_signals import MARK_ENV, kill9_with_every_tier_busy, stack_processes
 from tests.faults.conftest import FAST, Stack, alive, wait_for
 

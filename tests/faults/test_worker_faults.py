@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from duetime.models import RunMessage
+from duetime.domain.models import RunMessage
 from tests.faults.conftest import (
     FAST,
     Effects,
@@ -185,8 +185,8 @@ def test_a_paused_worker_whose_task_ended_meanwhile_has_its_finish_rejected(
 
 def _message(aws: StackAws, job_id: str, attempt: int) -> str:
     """The body of a run message of ``job_id``'s (only) run at ``attempt``, as the claim would send it."""
-    from duetime.runs import message_for
-    from duetime.store import run_from_item
+    from duetime.adapters.aws.dynamodb import run_from_item
+    from duetime.services.runs import message_for
 
     [item] = [i for i in aws.runs() if i["job_id"] == job_id]
     return message_for(run_from_item(item), attempt=attempt).model_dump_json()

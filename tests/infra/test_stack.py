@@ -17,8 +17,8 @@ pytest.importorskip("aws_cdk", reason=CDK_MISSING)
 
 from aws_cdk.assertions import Match  # noqa: E402
 
-from duetime import resources  # noqa: E402
-from duetime.resources import (  # noqa: E402
+from duetime.adapters.aws import resources  # noqa: E402
+from duetime.adapters.aws.resources import (  # noqa: E402
     ACTIVE_INDEX,
     DEAD_LETTER_INDEX,
     DLQ_RETENTION_SECONDS,
@@ -39,8 +39,8 @@ from duetime.resources import (  # noqa: E402
     jobs_table_definition,
     runs_table_definition,
 )
-from duetime.settings import ALL_TIERS, CONTAINER_TIERS, ENV_VARS, Settings, settings_from_env  # noqa: E402
-from duetime.timeouts import state_machine_definition  # noqa: E402
+from duetime.config.settings import ALL_TIERS, CONTAINER_TIERS, ENV_VARS, Settings, settings_from_env  # noqa: E402
+from duetime.services.timeouts import state_machine_definition  # noqa: E402
 from infra.constructs.functions import FUNCTIONS  # noqa: E402
 from infra.constructs.queues import DISPATCHER_TIMEOUT_SECONDS  # noqa: E402
 

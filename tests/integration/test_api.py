@@ -6,7 +6,7 @@ from types import ModuleType
 
 import pytest
 
-from duetime.worker import Worker
+from duetime.services.worker import Worker
 from tests.helpers import call
 
 HELLO = {
@@ -81,8 +81,8 @@ def test_a_retried_runs_lag_is_its_first_attempts_start_minus_its_due_time(
 
 def test_a_first_attempt_still_running_shows_its_lag(api: ModuleType, deps, clock) -> None:
     # Given a run-now job whose first attempt starts 2.5 s after its due time and is still running
-    from duetime import runs
-    from duetime.models import RunMessage
+    from duetime.domain.models import RunMessage
+    from duetime.services import runs
 
     _, job, _ = call(api, "POST", "/jobs", {**HELLO, "schedule": None})
     [pending] = deps.store.list_runs(job["job_id"])

@@ -8,7 +8,7 @@ from types import ModuleType
 import pytest
 
 from duetime.api.routers.jobs import LISTING_READERS
-from duetime.deps import Deps
+from duetime.config.deps import Deps
 from tests.helpers import call
 
 EVERY_MINUTE = {
@@ -76,7 +76,7 @@ def test_a_page_of_many_jobs_reads_at_most_a_few_at_once(
 def test_a_throttled_last_run_read_is_a_503(
     api: ModuleType, deps: Deps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from duetime.errors import ThrottledError
+    from duetime.domain.errors import ThrottledError
 
     for i in range(2):
         call(api, "POST", "/jobs", {**EVERY_MINUTE, "job_id": f"slow-{i}"})

@@ -11,12 +11,12 @@ from datetime import timedelta
 
 import pytest
 
-from duetime import jobs, runs, sweeper
-from duetime.api_models import CreateJobRequest, UpdateJobRequest
-from duetime.deps import Deps
-from duetime.errors import StartRejectedError
-from duetime.models import CatchUpPolicy, ContainerTask, Run, RunMessage, RunState, ScheduleSpec
-from duetime.runs import NotStartedError, message_for
+from duetime.config.deps import Deps
+from duetime.domain.api_models import CreateJobRequest, UpdateJobRequest
+from duetime.domain.errors import StartRejectedError
+from duetime.domain.models import CatchUpPolicy, ContainerTask, Run, RunMessage, RunState, ScheduleSpec
+from duetime.services import jobs, runs, sweeper
+from duetime.services.runs import NotStartedError, message_for
 from tests.conftest import T0
 from tests.helpers import drain
 
@@ -272,8 +272,8 @@ def test_a_message_without_a_trigger_reads_it_from_the_row(deps: Deps, clock) ->
 
 
 def test_a_redriven_dead_letter_backs_off_from_the_fresh_budgets_first_step(deps: Deps, clock) -> None:
-    from duetime.models import RetryPolicy
-    from duetime.worker import Worker
+    from duetime.domain.models import RetryPolicy
+    from duetime.services.worker import Worker
 
     # Given a job that always fails, 2 attempts with 10 s then 40 s backoff, dead-lettered
     request = CreateJobRequest(
@@ -354,7 +354,7 @@ def test_a_run_due_before_a_schedule_change_still_runs_when_its_wake_up_comes_la
 
 
 def test_a_manual_run_of_a_paused_job_is_not_held_back_by_its_held_runs(deps: Deps, clock) -> None:
-    from duetime.models import OverlapPolicy
+    from duetime.domain.models import OverlapPolicy
 
     request = CreateJobRequest(
         name="skip",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from duetime import claims, jobs
-from duetime.api_models import CreateJobRequest
-from duetime.deps import Deps
-from duetime.models import ContainerTask, Job, JobState, RunState, ScheduleSpec
+from duetime.config.deps import Deps
+from duetime.domain.api_models import CreateJobRequest
+from duetime.domain.models import ContainerTask, Job, JobState, RunState, ScheduleSpec
+from duetime.services import claims, jobs
 from tests.conftest import T0
 from tests.helpers import queue_counts
 

@@ -7,12 +7,12 @@ import subprocess
 import sys
 import threading
 
-from duetime import jobs
-from duetime.api_models import CreateJobRequest
-from duetime.client import Client
-from duetime.deps import Deps
-from duetime.models import ContainerTask
-from duetime.worker import Worker
+from duetime.cli.client import Client
+from duetime.config.deps import Deps
+from duetime.domain.api_models import CreateJobRequest
+from duetime.domain.models import ContainerTask
+from duetime.services import jobs
+from duetime.services.worker import Worker
 from tests.integration.test_edges_cli_api import Serve, serve  # noqa: F401 - the fixture
 
 SCRIPT = "echo first line; sleep 7; echo second line"

@@ -11,8 +11,8 @@ from types import ModuleType
 import pytest
 from typer.testing import CliRunner
 
-from duetime.cli import app
-from duetime.client import Client
+from duetime.cli.client import Client
+from duetime.cli.main import app
 from duetime.local.http_adapter import HttpApiAdapter, make_api_server
 from duetime.local.lambda_runtime import LocalLambdaContext
 

@@ -7,7 +7,7 @@ from types import ModuleType
 
 import pytest
 
-from duetime.worker import Worker
+from duetime.services.worker import Worker
 from tests.helpers import call
 
 JOB = {

@@ -13,15 +13,24 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from duetime import aws, jobs
-from duetime.api_models import CreateJobRequest
-from duetime.deps import Deps
-from duetime.errors import InvokeError
-from duetime.lambda_tasks import LAMBDA_LEASE_MARGIN_SECONDS, BotoLambdaInvoker
+from duetime.adapters.aws import clients as aws
+from duetime.config.deps import Deps
+from duetime.domain.api_models import CreateJobRequest
+from duetime.domain.errors import InvokeError
+from duetime.domain.models import (
+    MAX_RESULT_BYTES,
+    LambdaTask,
+    OnTimeout,
+    RetryPolicy,
+    Run,
+    RunMessage,
+    RunState,
+)
 from duetime.local.lambda_runtime import LocalLambdaContext, load_module
 from duetime.local.lambda_service import LocalLambda, sqs_event_record
-from duetime.models import MAX_RESULT_BYTES, LambdaTask, OnTimeout, RetryPolicy, Run, RunMessage, RunState
-from duetime.sweeper import sweep
+from duetime.services import jobs
+from duetime.services.lambda_tasks import LAMBDA_LEASE_MARGIN_SECONDS, BotoLambdaInvoker
+from duetime.services.sweeper import sweep
 from tests.helpers import call, drain
 
 QUEUE_ARN = "arn:aws:sqs:us-east-1:123456789012:test-lambda"

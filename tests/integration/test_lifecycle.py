@@ -7,8 +7,8 @@ from types import ModuleType
 
 import pytest
 
-from duetime import claims
-from duetime.worker import Worker
+from duetime.services import claims
+from duetime.services.worker import Worker
 from tests.conftest import T0
 from tests.helpers import call, drain
 
@@ -454,7 +454,7 @@ def test_a_listing_dynamodb_keeps_throttling_is_a_503_with_retry_after(
         return {"Responses": {}, "UnprocessedKeys": RequestItems}
 
     monkeypatch.setattr(deps.store._ddb, "batch_get_item", throttled)
-    monkeypatch.setattr("duetime.store.wait_random_exponential", lambda **_: lambda _state: 0)
+    monkeypatch.setattr("duetime.adapters.aws.dynamodb.wait_random_exponential", lambda **_: lambda _state: 0)
     status, body, headers = call(api, "GET", "/jobs")
     assert status == 503 and body["error"]["code"] == "throttled"
     assert "unprocessed" in body["error"]["message"] and headers["retry-after"] == "1"
@@ -495,7 +495,7 @@ def _throttle(deps, monkeypatch, client_name: str, operation: str) -> list[str]:
 def test_a_submit_whose_wake_up_is_throttled_is_accepted_once_and_its_run_still_runs_once(
     api: ModuleType, deps, clock, monkeypatch
 ) -> None:
-    from duetime.sweeper import sweep
+    from duetime.services.sweeper import sweep
 
     # Given SQS refusing every send (throttled past the SDK's retries)
     real_send = deps.queues._sqs.send_message

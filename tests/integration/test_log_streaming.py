@@ -17,20 +17,21 @@ from typing import Any
 
 import pytest
 
-from duetime import aws, jobs, runs
-from duetime.api_models import CreateJobRequest
-from duetime.clock import FixedClock, SystemClock
-from duetime.deps import Deps, deps_from_settings
-from duetime.errors import NotFoundError
+from duetime.adapters.aws import clients as aws
+from duetime.adapters.aws.dynamodb import Update
+from duetime.adapters.aws.resources import ResourceNames
+from duetime.adapters.aws.s3_logs import S3Logs, chunk_key, chunk_prefix, log_key
+from duetime.config.deps import Deps, deps_from_settings
+from duetime.config.settings import settings_to_env
+from duetime.domain.api_models import CreateJobRequest
+from duetime.domain.clock import FixedClock, SystemClock
+from duetime.domain.errors import NotFoundError
+from duetime.domain.models import ContainerTask, RetryPolicy, Run, RunState
 from duetime.local.stack import LOCAL_AWS_ENV
-from duetime.logs import S3Logs, chunk_key, chunk_prefix, log_key
-from duetime.models import ContainerTask, RetryPolicy, Run, RunState
-from duetime.resources import ResourceNames
-from duetime.runs import message_for
-from duetime.settings import settings_to_env
-from duetime.store import Update
-from duetime.sweeper import sweep
-from duetime.worker import CHUNK_BYTES, FLUSH_SECONDS, LiveLog, Worker
+from duetime.services import jobs, runs
+from duetime.services.runs import message_for
+from duetime.services.sweeper import sweep
+from duetime.services.worker import CHUNK_BYTES, FLUSH_SECONDS, LiveLog, Worker
 from tests.conftest import make_settings
 from tests.faults.conftest import running_moto
 
@@ -137,7 +138,7 @@ def test_the_stream_flushes_new_output_every_5_s_or_64_kb_and_stops_at_the_log_l
         live.poll(2121.0)
         assert recorder.chunks[-1] == (4, b"e")
         # past MAX_LOG_BYTES nothing more is streamed (the final object keeps head and tail)
-        monkeypatch.setattr("duetime.worker.MAX_LOG_BYTES", live.flushed + 5)
+        monkeypatch.setattr("duetime.services.worker.MAX_LOG_BYTES", live.flushed + 5)
         os.write(out.fileno(), b"f" * CHUNK_BYTES)
         live.poll(2200.0)
         live.poll(2300.0)
@@ -148,7 +149,7 @@ def test_the_stream_flushes_new_output_every_5_s_or_64_kb_and_stops_at_the_log_l
 def test_a_running_runs_log_grows_while_it_runs_and_ends_as_one_object(
     deps: Deps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("duetime.worker.FLUSH_SECONDS", 0.5)
+    monkeypatch.setattr("duetime.services.worker.FLUSH_SECONDS", 0.5)
     # Given a task that prints a line every 0.1 s for 3 s
     job_id = _submit(deps, ["sh", "-c", "for i in $(seq 1 30); do echo line $i; sleep 0.1; done"])
     [run] = deps.store.list_runs(job_id)
@@ -186,8 +187,8 @@ def test_a_run_shorter_than_the_flush_interval_streams_nothing(deps: Deps) -> No
 def test_streaming_stops_at_the_log_limit_and_a_failed_chunk_delete_keeps_the_outcome(
     deps: Deps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("duetime.worker.MAX_LOG_BYTES", 1000)
-    monkeypatch.setattr("duetime.worker.CHUNK_BYTES", 150)
+    monkeypatch.setattr("duetime.services.worker.MAX_LOG_BYTES", 1000)
+    monkeypatch.setattr("duetime.services.worker.CHUNK_BYTES", 150)
 
     def broken_delete(key: str, count: int | None = None) -> None:
         raise OSError("S3 refused the delete")

@@ -6,11 +6,10 @@ from datetime import timedelta
 
 import pytest
 
-from duetime import claims, jobs, runs
-from duetime.api_models import CreateJobRequest
-from duetime.deps import Deps
-from duetime.errors import StartRejectedError
-from duetime.models import (
+from duetime.config.deps import Deps
+from duetime.domain.api_models import CreateJobRequest
+from duetime.domain.errors import StartRejectedError
+from duetime.domain.models import (
     CatchUpPolicy,
     ContainerTask,
     OverlapPolicy,
@@ -19,7 +18,8 @@ from duetime.models import (
     ScheduleSpec,
     Trigger,
 )
-from duetime.sweeper import sweep
+from duetime.services import claims, jobs, runs
+from duetime.services.sweeper import sweep
 from tests.conftest import T0
 from tests.helpers import drain
 

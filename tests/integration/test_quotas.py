@@ -6,7 +6,7 @@ from types import ModuleType
 
 import pytest
 
-from duetime.deps import Deps
+from duetime.config.deps import Deps
 from tests.helpers import call
 
 JOB = {
@@ -62,10 +62,10 @@ def test_a_completed_one_off_job_frees_its_quota(api: ModuleType, small_quotas, 
 
 
 def test_a_tenant_at_its_running_quota_waits_and_others_do_not(deps: Deps) -> None:
-    from duetime import jobs, runs
-    from duetime.api_models import CreateJobRequest
-    from duetime.errors import StartRejectedError
-    from duetime.models import ContainerTask, RunState
+    from duetime.domain.api_models import CreateJobRequest
+    from duetime.domain.errors import StartRejectedError
+    from duetime.domain.models import ContainerTask, RunState
+    from duetime.services import jobs, runs
     from tests.helpers import drain, queue_counts
 
     deps.settings = deps.settings.model_copy(update={"tenant_max_running": 1})

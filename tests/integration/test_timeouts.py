@@ -13,16 +13,17 @@ from datetime import timedelta
 
 import pytest
 
-from duetime import aws, jobs, runs
-from duetime.api_models import CreateJobRequest
-from duetime.clock import FixedClock
-from duetime.deps import Deps, deps_from_settings
-from duetime.errors import LeaseLostError, RequestFieldError
-from duetime.models import ContainerTask, OnTimeout, RetryPolicy, RunState, Trigger
-from duetime.resources import ResourceNames
-from duetime.sweeper import sweep
-from duetime.timeouts import create_state_machine, execution_name, start_handler
-from duetime.worker import Worker
+from duetime.adapters.aws import clients as aws
+from duetime.adapters.aws.resources import ResourceNames
+from duetime.config.deps import Deps, deps_from_settings
+from duetime.domain.api_models import CreateJobRequest
+from duetime.domain.clock import FixedClock
+from duetime.domain.errors import LeaseLostError, RequestFieldError
+from duetime.domain.models import ContainerTask, OnTimeout, RetryPolicy, RunState, Trigger
+from duetime.services import jobs, runs
+from duetime.services.sweeper import sweep
+from duetime.services.timeouts import create_state_machine, execution_name, start_handler
+from duetime.services.worker import Worker
 from tests.conftest import T0, make_settings, moto_env
 from tests.helpers import drain
 
@@ -288,7 +289,7 @@ def test_a_run_dead_lettered_by_the_timeout_handler_counts_as_dead_lettered(sfn_
 
 
 def test_the_timeout_handler_wakes_the_overlap_successor_at_once(sfn_deps: Deps) -> None:
-    from duetime.models import OverlapPolicy, ScheduleSpec
+    from duetime.domain.models import OverlapPolicy, ScheduleSpec
 
     # Given a buffer_one job whose run 1 is stuck and whose run 2 waits behind it
     request = CreateJobRequest(
@@ -304,7 +305,7 @@ def test_the_timeout_handler_wakes_the_overlap_successor_at_once(sfn_deps: Deps)
     sfn_deps.clock.advance(60)
     drain(sfn_deps.settings.queue_url("small"))
     running = runs.start(runs.message_for(first), sfn_deps, owner="stuck-worker")
-    from duetime import claims
+    from duetime.services import claims
 
     claims.tick(job.shard, sfn_deps)
     waiting = sorted(sfn_deps.store.list_runs(job.job_id), key=lambda r: r.due_at)[1]

@@ -6,13 +6,13 @@ from datetime import timedelta
 
 import pytest
 
-from duetime import jobs, runs
-from duetime.api_models import CreateJobRequest
-from duetime.deps import Deps
-from duetime.errors import LeaseLostError, StartRejectedError
-from duetime.models import ContainerTask, OnTimeout, RetryPolicy, RunMessage, RunState
-from duetime.sweeper import sweep
-from duetime.worker import Worker
+from duetime.config.deps import Deps
+from duetime.domain.api_models import CreateJobRequest
+from duetime.domain.errors import LeaseLostError, StartRejectedError
+from duetime.domain.models import ContainerTask, OnTimeout, RetryPolicy, RunMessage, RunState
+from duetime.services import jobs, runs
+from duetime.services.sweeper import sweep
+from duetime.services.worker import Worker
 from tests.helpers import drain
 
 
@@ -313,7 +313,7 @@ def test_a_worker_told_to_stop_while_polling_starts_nothing_and_leaves_the_messa
 #: Condition.__enter__``, twice.
 _NESTED_SIGTERMS = """
 import signal, sys, types
-from duetime.worker import Worker, handle_stop_signals
+from duetime.services.worker import Worker, handle_stop_signals
 
 worker = Worker(types.SimpleNamespace(settings=types.SimpleNamespace(kill_grace_seconds=1.0)), "small", owner="p")
 handle_stop_signals(worker, budget_seconds=60)

@@ -2,8 +2,8 @@
 
 The real services (``jobs.create_job``, ``claims.tick``, ``runs.start/heartbeat/finish`` through the real
 ``Worker``, ``sweeper.sweep``) run against moto's in-process DynamoDB, in one process, with a simulated clock
-(:class:`~duetime.clock.FixedClock`) and an in-memory queue (:class:`SimQueue`, the interface of
-``duetime.queue.SqsQueues``, delays and visibility in simulated time).
+(:class:`~duetime.domain.clock.FixedClock`) and an in-memory queue (:class:`SimQueue`, the interface of
+``duetime.adapters.aws.sqs.SqsQueues``, delays and visibility in simulated time).
 
 Each actor (a tick per shard, a lease-less "rogue" tick, sweepers, workers, API submits, an operator who
 triggers, cancels, pauses, resumes and re-drives) runs in its own thread, but only one thread ever runs at a time: every AWS call (a botocore ``before-call`` hook on the
@@ -44,12 +44,30 @@ from typing import IO, Any
 import boto3
 from botocore.exceptions import ClientError
 
-from duetime import aws, claims, jobs, sweeper
-from duetime.api_models import CreateJobRequest
-from duetime.clock import FixedClock
-from duetime.deps import Deps
-from duetime.errors import ConflictError, LeaseLostError, NotFoundError, RequestFieldError, ScheduleError
-from duetime.models import (
+from duetime.adapters.aws import clients as aws
+from duetime.adapters.aws.dynamodb import DynamoStore, deserialize, job_from_item, run_from_item
+from duetime.adapters.aws.resources import (
+    QUEUE_MAX_RECEIVE_COUNT,
+    QUEUE_VISIBILITY_SECONDS,
+    WATCH_INDEX_PK,
+    WATCH_INDEX_SK,
+    jobs_table_definition,
+    runs_table_definition,
+)
+from duetime.adapters.aws.sqs import ReceivedMessage
+from duetime.config.deps import Deps
+from duetime.config.observability import logger as duetime_logger
+from duetime.config.settings import ALL_TIERS, Settings
+from duetime.domain.api_models import CreateJobRequest
+from duetime.domain.clock import FixedClock
+from duetime.domain.errors import (
+    ConflictError,
+    LeaseLostError,
+    NotFoundError,
+    RequestFieldError,
+    ScheduleError,
+)
+from duetime.domain.models import (
     TERMINAL_STATES,
     CatchUpPolicy,
     ContainerTask,
@@ -62,21 +80,10 @@ from duetime.models import (
     RunState,
     ScheduleSpec,
 )
-from duetime.observability import logger as duetime_logger
-from duetime.queue import ReceivedMessage
-from duetime.resources import (
-    QUEUE_MAX_RECEIVE_COUNT,
-    QUEUE_VISIBILITY_SECONDS,
-    WATCH_INDEX_PK,
-    WATCH_INDEX_SK,
-    jobs_table_definition,
-    runs_table_definition,
-)
-from duetime.runs import heartbeat
-from duetime.settings import ALL_TIERS, Settings
-from duetime.store import DynamoStore, deserialize, job_from_item, run_from_item
-from duetime.timeutil import from_iso, to_epoch_ms, to_iso, truncate_ms
-from duetime.worker import TaskOutcome, Worker
+from duetime.domain.timeutil import from_iso, to_epoch_ms, to_iso, truncate_ms
+from duetime.services import claims, jobs, sweeper
+from duetime.services.runs import heartbeat
+from duetime.services.worker import TaskOutcome, Worker
 
 #: simulated start instant (any fixed instant will do: every seed gets fresh tables)
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -169,7 +176,7 @@ class _Message:
 
 
 class SimQueue:
-    """``duetime.queue.SqsQueues`` in memory, in simulated time: delays, visibility, receive counts, redrive
+    """``duetime.adapters.aws.sqs.SqsQueues`` in memory, in simulated time: delays, visibility, receive counts, redrive
     to a dead-letter list after ``QUEUE_MAX_RECEIVE_COUNT`` receives, and stale receipt handles (a delete with
     an old handle deletes nothing, as SQS may)."""
 
@@ -277,7 +284,7 @@ class SimLogs:
 
 # ---- the simulated worker -------------------------------------------------------------------------------
 class SimWorker(Worker):
-    """The real :class:`~duetime.worker.Worker` (receive, start, finish, delete) whose task is simulated.
+    """The real :class:`~duetime.services.worker.Worker` (receive, start, finish, delete) whose task is simulated.
 
     The task never spawns a process: it is an effect-log append (run id, attempt, fencing token) at execute
     time, then a wait in simulated time. The wait loop mirrors ``Worker._run_task``: heartbeat every

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from duetime import store, sweeper
-from duetime.errors import LeaseLostError
+from duetime.adapters.aws import dynamodb as store
+from duetime.domain.errors import LeaseLostError
+from duetime.services import sweeper
 from tests.sim.simulation import Simulation, moto_world
 
 pytestmark = [

@@ -15,7 +15,7 @@ from duetime.api.errors import (
     field_of,
     quota_exceeded,
 )
-from duetime.errors import QuotaExceededError
+from duetime.domain.errors import QuotaExceededError
 
 
 def test_ours_includes_every_throttling_code_botocore_retries() -> None:

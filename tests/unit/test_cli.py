@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from duetime.cli import app
+from duetime.cli.main import app
 
 runner = CliRunner()
 CRONTABS = Path(__file__).resolve().parents[1] / "data" / "crontabs"
@@ -84,7 +84,7 @@ def test_api_and_token_given_before_the_command_apply_to_it(monkeypatch) -> None
 def test_long_ids_fold_in_a_narrow_table_instead_of_being_cut() -> None:
     from rich.console import Console
 
-    from duetime.cli_api import _job_table
+    from duetime.cli.api_commands import _job_table
 
     job_id = "nightly-report-for-the-finance-team-" + "x" * 28
     table = _job_table(
@@ -101,7 +101,7 @@ def test_piped_tables_keep_every_row_on_one_whole_line(monkeypatch) -> None:
     import importlib
     import io
 
-    import duetime.cli_api as cli_api
+    from duetime.cli import api_commands as cli_api
 
     # Given output that is not a terminal (a pipe), and rows wider than 80 columns
     monkeypatch.setattr("sys.stdout", io.StringIO())

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from duetime.errors import ScheduleError
-from duetime.schedules import parse_schedule
+from duetime.domain.errors import ScheduleError
+from duetime.domain.schedules import parse_schedule
 
 VECTORS_FILE = Path(__file__).resolve().parents[1] / "data" / "cron-vectors.json"
 

@@ -1,4 +1,4 @@
-"""Unit tests for duetime.crontab: real Debian /etc/cron.d files and crontab(5) edge cases."""
+"""Unit tests for duetime.domain.crontab: real Debian /etc/cron.d files and crontab(5) edge cases."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from duetime.crontab import CrontabImport, parse_crontab, split_percent, stable_job_id
-from duetime.errors import ScheduleError
-from duetime.schedules import parse_schedule
+from duetime.domain.crontab import CrontabImport, parse_crontab, split_percent, stable_job_id
+from duetime.domain.errors import ScheduleError
+from duetime.domain.schedules import parse_schedule
 
 CRONTABS = Path(__file__).resolve().parents[1] / "data" / "crontabs"
 DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/sbin:/bin:/usr/sbin:/usr/bin"

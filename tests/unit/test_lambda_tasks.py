@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from duetime.api_models import CreateJobRequest, UpdateJobRequest
+from duetime.domain.api_models import CreateJobRequest, UpdateJobRequest
+from duetime.domain.models import ContainerTask, LambdaTask, RunState, Task, function_name_of
 from duetime.lambda_target import EnvelopeError, read_envelope, run_task
-from duetime.lambda_tasks import DestinationRecord, RunEnvelope, outcome_of, result_of
 from duetime.local.lambda_service import (
     functions_from_pyproject,
     parse_function_spec,
     registered_functions,
     timeout_of,
 )
-from duetime.models import ContainerTask, LambdaTask, RunState, Task, function_name_of
+from duetime.services.lambda_tasks import DestinationRecord, RunEnvelope, outcome_of, result_of
 
 TASK: TypeAdapter[ContainerTask | LambdaTask] = TypeAdapter(Task)
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from duetime.models import RetryPolicy
-from duetime.retries import backoff_ceiling, backoff_delay
+from duetime.domain.models import RetryPolicy
+from duetime.domain.retries import backoff_ceiling, backoff_delay
 
 
 def test_the_default_ceilings_are_10_40_160_640_then_the_15_minute_cap() -> None:

@@ -1,4 +1,4 @@
-"""Property tests for duetime.schedules against an independent brute-force evaluator.
+"""Property tests for duetime.domain.schedules against an independent brute-force evaluator.
 
 The oracle below walks real UTC minutes one by one, reads each on the zone's wall clock and applies the
 Debian/ISC DST rule directly (fixed-time jobs: first occurrence only, plus one fire at the end of a gap
@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from duetime.schedules import MIN_RATE_SECONDS, parse_schedule
+from duetime.domain.schedules import MIN_RATE_SECONDS, parse_schedule
 
 MINUTE = timedelta(minutes=1)
 # DUETIME_PROPERTY_EXAMPLES=5000 for a thorough run; the default keeps the suite fast.

@@ -1,4 +1,4 @@
-"""Unit tests for duetime.schedules: parsing, at(), rate(), cron semantics, DST, bounds, descriptions."""
+"""Unit tests for duetime.domain.schedules: parsing, at(), rate(), cron semantics, DST, bounds, descriptions."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from duetime.errors import ScheduleError
-from duetime.schedules import Schedule, parse_schedule
+from duetime.domain.errors import ScheduleError
+from duetime.domain.schedules import Schedule, parse_schedule
 
 
 def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
@@ -179,7 +179,7 @@ def test_rate_below_the_ten_second_floor_is_rejected_with_the_floor(expression: 
 
 
 def test_rate_at_the_floor_is_accepted_and_fires_every_ten_seconds() -> None:
-    from duetime.schedules import MIN_RATE_SECONDS
+    from duetime.domain.schedules import MIN_RATE_SECONDS
 
     assert MIN_RATE_SECONDS == 10
     schedule = parse_schedule("rate(10 seconds)", anchor=utc(2026, 1, 1))

@@ -2,7 +2,7 @@
 
 The fault tests start ``duetime local`` with ``PYTHONPATH`` pointing here and ``FAULTS_CONTROL_FILE`` naming a
 JSON file; Python then imports this module at start-up, and every boto3 client the process creates afterwards
-(``duetime.aws.client`` makes them all) carries two botocore hooks:
+(``duetime.adapters.aws.clients.client`` makes them all) carries two botocore hooks:
 
 - ``before-send.dynamodb``: with probability ``rate`` answers an HTTP attempt of an operation in ``ops`` with a
   400 ``ProvisionedThroughputExceededException`` instead of sending it. botocore's standard retry mode then

@@ -1,3 +1,3 @@
-from duetime.cli import main
+from duetime.cli.main import main
 
 main()

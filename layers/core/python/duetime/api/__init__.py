@@ -9,5 +9,5 @@
   ``Idempotency-Key`` replays;
 - :mod:`~duetime.api.routers`: one router per resource (jobs, runs, dead letters, schedules, health).
 
-The request and response models stay in :mod:`duetime.api_models`.
+The request and response models stay in :mod:`duetime.domain.api_models`.
 """

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from aws_lambda_powertools.event_handler import Depends
 
-from duetime.deps import Deps, default_deps
+from duetime.config.deps import Deps, default_deps
 
 
 def service_deps() -> Deps:

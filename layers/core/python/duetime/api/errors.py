@@ -14,8 +14,8 @@ from aws_lambda_powertools.event_handler import ApiGatewayResolver, Response, co
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from botocore.exceptions import ClientError
 
-from duetime.api_models import ErrorResponse
-from duetime.errors import (
+from duetime.domain.api_models import ErrorResponse
+from duetime.domain.errors import (
     ConflictError,
     JobExistsError,
     NotFoundError,
@@ -24,7 +24,7 @@ from duetime.errors import (
     ScheduleError,
     ThrottledError,
 )
-from duetime.models import TASK_KINDS
+from duetime.domain.models import TASK_KINDS
 
 #: Error codes of AWS capacity refusals (after the SDK's own retries), answered as 503 + Retry-After.
 #: Duetime's own list (botocore keeps its list private), from AWS's error code documentation: the common

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.openapi.params import Header
 
-from duetime import idempotency
-from duetime.deps import Deps
+from duetime.adapters.aws import idempotency
+from duetime.config.deps import Deps
 
 #: The optional ``Idempotency-Key`` header of a route that changes something.
 IdempotencyKey = Annotated[str | None, Header(alias="idempotency-key", max_length=255)]
@@ -26,7 +26,7 @@ def once(
     lambda_context: Any,
 ) -> Response[str]:
     """The HTTP response of ``action`` (``{"status", "body", "location"?}``), run once per ``(tenant, route,
-    key)``: a retry with the same key replays it (:func:`duetime.idempotency.once`)."""
+    key)``: a retry with the same key replays it (:func:`duetime.adapters.aws.idempotency.once`)."""
     stored = idempotency.once(
         key,
         tenant=tenant,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import BaseModel
 
-from duetime.api_models import ErrorResponse
+from duetime.domain.api_models import ErrorResponse
 
 ERROR_DESCRIPTIONS = {
     400: "Invalid request: the error names the field",

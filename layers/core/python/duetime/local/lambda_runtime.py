@@ -19,7 +19,7 @@ from typing import Any
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
 import duetime
-from duetime.observability import metrics
+from duetime.config.observability import metrics
 
 
 def functions_dir() -> Path:

@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from duetime import aws
+from duetime.adapters.aws import clients as aws
+from duetime.adapters.aws.s3_logs import S3Logs, log_key
+from duetime.domain.models import MAX_LAMBDA_TIMEOUT_SECONDS, function_name_of
 from duetime.local import lifeline
-from duetime.logs import S3Logs, log_key
-from duetime.models import MAX_LAMBDA_TIMEOUT_SECONDS, function_name_of
 
 #: Invocations running at once (more wait their turn, as with a concurrency limit).
 CONCURRENCY = 8
@@ -275,7 +275,7 @@ class LocalLambda:
     def execute(self, invocation: Invocation) -> InvocationResult:
         """Run one invocation in a fresh process; kill its process group at the timeout."""
         # imported here: the worker module sets up logging, which the CLI must not do before the stack
-        from duetime.worker import PASSED_ENV, read_log
+        from duetime.services.worker import PASSED_ENV, read_log
 
         started = time.monotonic()
         child_env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}

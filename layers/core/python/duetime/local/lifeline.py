@@ -7,7 +7,7 @@ no cleanup, so each child asks the kernel to send it SIGTERM when its parent die
 second. A worker treats that SIGTERM like any other: it stops its task and hands the run back
 (``worker_stopped``), as a Fargate task stopped with its service would. That SIGTERM may come on top of the
 stack's own (or a second lifeline's): signal handlers of these processes only set a flag, so the extra
-signals are harmless (:func:`duetime.worker.handle_stop_signals`). A worker whose hand-back cannot reach the
+signals are harmless (:func:`duetime.services.worker.handle_stop_signals`). A worker whose hand-back cannot reach the
 stack's moto server any more (it got its SIGTERM too) gives up after its stop budget and exits.
 
 Every process started this way carries ``DUETIME_PARENT_PID`` in its environment (``/proc/<pid>/environ``),

@@ -33,9 +33,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from duetime.adapters.aws.resources import ResourceNames, create_all
+from duetime.config.settings import CONTAINER_TIERS, Settings, get_settings, settings_to_env
 from duetime.local import lifeline
-from duetime.resources import ResourceNames, create_all
-from duetime.settings import CONTAINER_TIERS, Settings, get_settings, settings_to_env
 
 STATE_DIR = Path(".duetime")
 #: how long a worker of the stack told to stop may try to hand its run back after its task ended, seconds
@@ -103,12 +103,12 @@ class LocalStack:
         os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO" if opts.verbose else "WARNING")
         os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "false" if opts.verbose else "true")
         warnings.filterwarnings("ignore", message="No application metrics to publish")
-        from duetime import aws
+        from duetime.adapters.aws import clients as aws
 
         aws.reset_clients()
         queue_urls = create_all(names)
         self._enable_step_functions()
-        from duetime.timeouts import create_state_machine
+        from duetime.services.timeouts import create_state_machine
 
         state_machine_arn = create_state_machine(f"{opts.prefix}-timeout-handler")
         settings = Settings(
@@ -147,7 +147,7 @@ class LocalStack:
         }
         os.environ.update(self.env)
         get_settings.cache_clear()
-        from duetime.deps import default_deps
+        from duetime.config.deps import default_deps
 
         default_deps.cache_clear()
 
@@ -202,7 +202,7 @@ class LocalStack:
 
     def _start_lambda(self, queue_url: str) -> None:
         """The local Lambda (functions, Invoke API, destinations) and the dispatcher's SQS event source."""
-        from duetime.deps import default_deps
+        from duetime.config.deps import default_deps
         from duetime.local.lambda_runtime import handler, project_root
         from duetime.local.lambda_service import LocalLambda, SqsEventSource, registered_functions
 
@@ -290,7 +290,7 @@ class LocalStack:
         self._thread(loop, "clock")
 
     def _spawn_worker(self, tier: str) -> None:
-        from duetime.worker import STOP_BUDGET_ENV
+        from duetime.services.worker import STOP_BUDGET_ENV
 
         proc = subprocess.Popen(
             [sys.executable, "-m", "duetime", "worker", "--tier", tier],

@@ -6,12 +6,12 @@ from typing import Annotated
 
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
-from duetime import jobs
 from duetime.api.dependencies import ServiceDeps
 from duetime.api.responses import errors, ok
 from duetime.api.routers import new_router
 from duetime.api.tenancy import Tenant
-from duetime.api_models import RunListResponse, RunResponse
+from duetime.domain.api_models import RunListResponse, RunResponse
+from duetime.services import jobs
 
 router = new_router()
 TAGS = ["dead-letters"]

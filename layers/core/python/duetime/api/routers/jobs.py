@@ -8,21 +8,21 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
-from duetime import jobs
 from duetime.api.dependencies import ServiceDeps
 from duetime.api.idempotent import IdempotencyKey, once
 from duetime.api.responses import errors, ok
 from duetime.api.routers import new_router
 from duetime.api.tenancy import Tenant
-from duetime.api_models import (
+from duetime.config.deps import Deps
+from duetime.domain.api_models import (
     CreateJobRequest,
     JobListResponse,
     JobResponse,
     RunResponse,
     UpdateJobRequest,
 )
-from duetime.deps import Deps
-from duetime.models import Job, JobState
+from duetime.domain.models import Job, JobState
+from duetime.services import jobs
 
 router = new_router()
 TAGS = ["jobs"]

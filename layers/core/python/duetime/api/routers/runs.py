@@ -8,15 +8,15 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
-from duetime import jobs
 from duetime.api.dependencies import ServiceDeps
 from duetime.api.idempotent import IdempotencyKey, once
 from duetime.api.responses import errors, ok, text_ok
 from duetime.api.routers import new_router
 from duetime.api.tenancy import Tenant
-from duetime.api_models import RunListResponse, RunResponse
-from duetime.errors import RequestFieldError
-from duetime.models import RunState, in_supported_range
+from duetime.domain.api_models import RunListResponse, RunResponse
+from duetime.domain.errors import RequestFieldError
+from duetime.domain.models import RunState, in_supported_range
+from duetime.services import jobs
 
 router = new_router()
 TAGS = ["runs"]

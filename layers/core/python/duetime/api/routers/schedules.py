@@ -7,13 +7,13 @@ from typing import Annotated, Literal
 
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
-from duetime import jobs
 from duetime.api.dependencies import ServiceDeps
 from duetime.api.responses import errors, ok
 from duetime.api.routers import new_router
-from duetime.api_models import SchedulePreviewResponse
-from duetime.errors import RequestFieldError, ScheduleError
-from duetime.models import in_supported_range
+from duetime.domain.api_models import SchedulePreviewResponse
+from duetime.domain.errors import RequestFieldError, ScheduleError
+from duetime.domain.models import in_supported_range
+from duetime.services import jobs
 
 router = new_router()
 TAGS = ["schedules"]

@@ -17,7 +17,7 @@ Dispatch (the ``lambda`` tier's SQS consumer, one record at a time):
 Finish (the target's Lambda destination, on success and on failure): the destination record carries the
 envelope back (``requestPayload``) with the function's response or error object (``responsePayload``). The
 attempt ends under the envelope's fencing token: SUCCEEDED with the response kept as ``result`` (at most
-:data:`~duetime.models.MAX_RESULT_BYTES`), FAILED with Lambda's error (the retry policy applies), or
+:data:`~duetime.domain.models.MAX_RESULT_BYTES`), FAILED with Lambda's error (the retry policy applies), or
 TIMED_OUT when Lambda reports ``Task timed out after N seconds`` (``on_timeout`` applies). The outcome is
 written to the attempt's S3 log. A stale envelope (an old token) is rejected and recorded, never applied.
 
@@ -37,11 +37,13 @@ from aws_lambda_powertools.utilities.parser.models import SqsRecordModel
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel, ConfigDict, Field, Json, JsonValue, ValidationError
 
-from duetime import aws
-from duetime.deps import Deps
-from duetime.errors import InvokeError, LeaseLostError, StartRejectedError
-from duetime.logs import log_key
-from duetime.models import (
+from duetime.adapters.aws import clients as aws
+from duetime.adapters.aws.dynamodb import json_text
+from duetime.adapters.aws.s3_logs import log_key
+from duetime.config.deps import Deps
+from duetime.config.observability import logger
+from duetime.domain.errors import InvokeError, LeaseLostError, StartRejectedError
+from duetime.domain.models import (
     MAX_LAMBDA_TIMEOUT_SECONDS,
     MAX_RESULT_BYTES,
     Instant,
@@ -52,9 +54,7 @@ from duetime.models import (
     function_name_of,
     parse_run_id,
 )
-from duetime.observability import logger
-from duetime.runs import finish, start
-from duetime.store import json_text
+from duetime.services.runs import finish, start
 
 #: A Lambda run's lease: its timeout plus this margin (the destination record arrives after the function).
 LAMBDA_LEASE_MARGIN_SECONDS = 60.0

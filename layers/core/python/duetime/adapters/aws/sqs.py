@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from duetime import aws
-from duetime.models import RunMessage
-from duetime.resources import SQS_MAX_DELAY_SECONDS
+from duetime.adapters.aws import clients as aws
+from duetime.adapters.aws.resources import SQS_MAX_DELAY_SECONDS
+from duetime.domain.models import RunMessage
 
 
 def delay_seconds(due_at: datetime, now: datetime) -> int:

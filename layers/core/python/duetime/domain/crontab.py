@@ -30,8 +30,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
-from duetime.errors import ScheduleError
-from duetime.schedules import parse_schedule
+from duetime.domain.errors import ScheduleError
+from duetime.domain.schedules import parse_schedule
 
 __all__ = ["CrontabEntry", "CrontabImport", "SkippedLine", "parse_crontab", "stable_job_id"]
 
@@ -277,7 +277,7 @@ def parse_crontab(
 
     Returns:
         A :class:`CrontabImport`. Every schedule in ``entries`` has been validated with
-        :func:`duetime.schedules.parse_schedule` in its zone.
+        :func:`duetime.domain.schedules.parse_schedule` in its zone.
 
     Raises:
         ScheduleError: ``default_timezone`` is not an IANA zone (``field="schedule.timezone"``).

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from duetime.settings import ALL_TIERS
+from duetime.config.settings import ALL_TIERS
 
 # --- jobs table -------------------------------------------------------------------------------------------
 JOBS_PK = "job_id"

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from duetime import cli_api
+from duetime.cli import api_commands as cli_api
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Duetime: a distributed job scheduler.")
 
@@ -145,7 +145,7 @@ def worker(
     ] = Path(".duetime/local.json"),
 ) -> None:
     """Pull runs of one tier from its queue and execute them (a Fargate task in AWS)."""
-    from duetime.settings import CONTAINER_TIERS, SettingsError, get_settings
+    from duetime.config.settings import CONTAINER_TIERS, SettingsError, get_settings
 
     if tier not in CONTAINER_TIERS:
         raise typer.BadParameter(f"must be one of {', '.join(CONTAINER_TIERS)}", param_hint="--tier")
@@ -157,8 +157,8 @@ def worker(
         typer.echo(f"duetime worker: {exc} (is `duetime local` running? see {config})", err=True)
         raise typer.Exit(2) from None
 
-    from duetime.deps import default_deps
-    from duetime.worker import Worker, handle_stop_signals
+    from duetime.config.deps import default_deps
+    from duetime.services.worker import Worker, handle_stop_signals
 
     w = Worker(default_deps(), tier)
     # SIGTERM/SIGINT only set the worker's stop flag (no lock: a second or third signal is harmless)
@@ -201,8 +201,8 @@ def schedule_preview(
     as_json: Annotated[bool, typer.Option("--json", help="a JSON list of ISO instants in the zone")] = False,
 ) -> None:
     """Print the next fire times of EXPRESSION (exit 2 with the reason if it is invalid)."""
-    from duetime.errors import ScheduleError
-    from duetime.jobs import preview_schedule
+    from duetime.domain.errors import ScheduleError
+    from duetime.services.jobs import preview_schedule
 
     start = _instant(after, "--after") or datetime.now(UTC)
     if dst_policy not in ("shift", "skip"):
@@ -257,11 +257,11 @@ def import_crontab(
     Any invalid line is reported on stderr as FILE:LINE: reason, and then nothing is created (exit 2)."""
     from pydantic import ValidationError
 
-    from duetime.api_models import CreateJobRequest
-    from duetime.client import ApiError, Client
-    from duetime.crontab import CrontabEntry, parse_crontab
-    from duetime.errors import ScheduleError
-    from duetime.jobs import preview_schedule
+    from duetime.cli.client import ApiError, Client
+    from duetime.domain.api_models import CreateJobRequest
+    from duetime.domain.crontab import CrontabEntry, parse_crontab
+    from duetime.domain.errors import ScheduleError
+    from duetime.services.jobs import preview_schedule
 
     def describe(entry: CrontabEntry, fires: list[str]) -> None:
         who = f" (as {entry.user})" if entry.user else ""

@@ -27,9 +27,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
 
-from duetime.models import CatchUpPolicy, Job, JobState, ScheduleSpec, Trigger
-from duetime.schedules import Schedule, parse_schedule
-from duetime.timeutil import truncate_ms
+from duetime.domain.models import CatchUpPolicy, Job, JobState, ScheduleSpec, Trigger
+from duetime.domain.schedules import Schedule, parse_schedule
+from duetime.domain.timeutil import truncate_ms
 
 #: triggers whose runs are slots of the job's schedule (pause, schedule changes and catch-up apply)
 SLOT_TRIGGERS = frozenset({Trigger.SCHEDULE, Trigger.BACKFILL})
@@ -41,7 +41,7 @@ def parse_spec(spec: ScheduleSpec, anchor: datetime, *, stored: bool = False) ->
 
     Raises:
         ScheduleError: naming the ``schedule.*`` field at fault (``stored`` skips rules added for submits
-            since the job was stored: see :func:`duetime.schedules.parse_schedule`).
+            since the job was stored: see :func:`duetime.domain.schedules.parse_schedule`).
     """
     return parse_schedule(
         spec.expression,

@@ -47,7 +47,7 @@ from functools import lru_cache
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
-from duetime.errors import ScheduleError
+from duetime.domain.errors import ScheduleError
 
 __all__ = ["MIN_RATE_SECONDS", "DstPolicy", "Schedule", "ScheduleKind", "parse_schedule"]
 

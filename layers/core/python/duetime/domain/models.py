@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from duetime.timeutil import from_epoch_ms, to_epoch_ms, to_iso
+from duetime.domain.timeutil import from_epoch_ms, to_epoch_ms, to_iso
 
 #: Numbers in requests are numbers: "10" or true is not accepted where an integer or float is expected.
 SInt = Annotated[int, Strict()]
@@ -299,7 +299,7 @@ MAX_RESULT_BYTES = 32 * 1024
 
 
 class RetryPolicy(BaseModel):
-    """Retries of failed attempts: exponential backoff with jitter (defaults from [S0]; see ``duetime.retries``)."""
+    """Retries of failed attempts: exponential backoff with jitter (defaults from [S0]; see ``duetime.domain.retries``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

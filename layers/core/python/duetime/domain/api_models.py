@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from duetime.models import (
+from duetime.domain.models import (
     MAX_LAMBDA_TIMEOUT_SECONDS,
     MAX_TIMEOUT_SECONDS,
     AttemptRecord,

@@ -1,6 +1,6 @@
 """Run lifecycle: start, heartbeat, finish, retry and lease expiry (DESIGN.md section 5).
 
-Every transition is one conditional update in :class:`~duetime.store.DynamoStore`:
+Every transition is one conditional update in :class:`~duetime.adapters.aws.dynamodb.DynamoStore`:
 - start: ``PENDING -> RUNNING`` if state = PENDING and attempt = expected; ``fencing_token += 1``.
 - heartbeat: extends the lease only while state = RUNNING and the fencing token is the caller's.
 - finish: to a terminal state (or RETRY_WAIT) only under the caller's fencing token; a stale finish is
@@ -15,8 +15,14 @@ from datetime import UTC, datetime, timedelta
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from duetime import admission
-from duetime.admission import (
+from duetime.adapters.aws.dynamodb import ConditionFailedError, Update, terminal_removals
+from duetime.adapters.aws.resources import ACTIVE_INDEX_PK, RUNNING_INDEX_PK, SQS_MAX_DELAY_SECONDS
+from duetime.adapters.aws.s3_logs import log_key
+from duetime.adapters.aws.sqs import delay_seconds
+from duetime.config.deps import Deps
+from duetime.config.observability import emit_metric, logger
+from duetime.domain import admission
+from duetime.domain.admission import (
     SLOT_TRIGGERS,
     Verdict,
     admit,
@@ -25,16 +31,10 @@ from duetime.admission import (
     schedule_of,
     select_slots,
 )
-from duetime.deps import Deps
-from duetime.errors import AlreadyClaimedError, LeaseLostError, StartRejectedError
-from duetime.logs import log_key
-from duetime.models import AttemptRecord, Job, JobState, Run, RunMessage, RunState, Trigger
-from duetime.observability import emit_metric, logger
-from duetime.queue import delay_seconds
-from duetime.resources import ACTIVE_INDEX_PK, RUNNING_INDEX_PK, SQS_MAX_DELAY_SECONDS
-from duetime.retries import backoff_delay
-from duetime.store import ConditionFailedError, Update, terminal_removals
-from duetime.timeutil import truncate_ms
+from duetime.domain.errors import AlreadyClaimedError, LeaseLostError, StartRejectedError
+from duetime.domain.models import AttemptRecord, Job, JobState, Run, RunMessage, RunState, Trigger
+from duetime.domain.retries import backoff_delay
+from duetime.domain.timeutil import truncate_ms
 
 #: outcomes a worker may report at finish
 FINISH_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.TIMED_OUT})
@@ -128,7 +128,7 @@ def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float |
 
 
 def _admit(message: RunMessage, deps: Deps, now: datetime) -> None:
-    """Re-check a first attempt against its job as it is now (:func:`duetime.admission.admit`).
+    """Re-check a first attempt against its job as it is now (:func:`duetime.domain.admission.admit`).
 
     Raises:
         NotStartedError: the run was SKIPPED (deleted, schedule_changed, missed) or held (paused).
@@ -206,7 +206,7 @@ def release_held(
 
     Deleted job: all end SKIPPED (``deleted``). Otherwise the ones that are no longer slots of the job's
     schedule end SKIPPED (``schedule_changed``), and the catch-up policy picks among the rest
-    (:func:`duetime.admission.select_slots`, whatever their lateness): the kept ones go back to the queue
+    (:func:`duetime.domain.admission.select_slots`, whatever their lateness): the kept ones go back to the queue
     at once, the others end SKIPPED (``paused``) and count in the job's ``missed_slots``. Every step is
     conditional, so a resume and the sweeper may both run it.
 
@@ -535,7 +535,7 @@ def trigger_on_timeout(run: Run, deps: Deps) -> Run | None:
     Its due time is the timed-out attempt's deadline, so a repeated handler finds the same run instead of
     making a second. Returns None if the job to trigger no longer exists or belongs to another tenant.
     """
-    from duetime.claims import new_run  # claims imports this module
+    from duetime.services.claims import new_run  # claims imports this module
 
     target_id = run.on_timeout.job_id
     target = deps.store.get_job(target_id) if target_id else None

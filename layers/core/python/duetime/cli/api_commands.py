@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
-from duetime.client import ApiError, Client
+from duetime.cli.client import ApiError, Client
 
 jobs_app = typer.Typer(no_args_is_help=True, help="Create, list, change and run jobs.")
 runs_app = typer.Typer(no_args_is_help=True, help="Read, follow, cancel and re-drive runs.")

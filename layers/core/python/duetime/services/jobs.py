@@ -14,11 +14,19 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ValidationError
 
-from duetime.admission import SLOT_TRIGGERS, next_fire_after, parse_spec, schedule_of, select_slots
-from duetime.api_models import CreateJobRequest, SchedulePreviewResponse, UpdateJobRequest
-from duetime.claims import MAX_WALKED_SLOTS, claim_until, new_run
-from duetime.deps import Deps
-from duetime.errors import (
+from duetime.adapters.aws.dynamodb import ConditionFailedError, Update
+from duetime.adapters.aws.resources import (
+    ACTIVE_INDEX_PK,
+    DEAD_LETTER_INDEX_PK,
+    DEAD_LETTER_INDEX_SK,
+    RUNS_PK,
+    RUNS_SK,
+)
+from duetime.config.deps import Deps
+from duetime.config.observability import logger
+from duetime.domain.admission import SLOT_TRIGGERS, next_fire_after, parse_spec, schedule_of, select_slots
+from duetime.domain.api_models import CreateJobRequest, SchedulePreviewResponse, UpdateJobRequest
+from duetime.domain.errors import (
     AlreadyClaimedError,
     ConflictError,
     NotFoundError,
@@ -26,7 +34,7 @@ from duetime.errors import (
     RequestFieldError,
     ScheduleError,
 )
-from duetime.models import (
+from duetime.domain.models import (
     MAX_LAMBDA_TIMEOUT_SECONDS,
     CatchUpPolicy,
     Job,
@@ -41,15 +49,10 @@ from duetime.models import (
     Trigger,
     parse_run_id,
 )
-from duetime.observability import logger
-from duetime.resources import (
-    ACTIVE_INDEX_PK,
-    DEAD_LETTER_INDEX_PK,
-    DEAD_LETTER_INDEX_SK,
-    RUNS_PK,
-    RUNS_SK,
-)
-from duetime.runs import (
+from duetime.domain.schedules import DstPolicy, parse_schedule
+from duetime.domain.timeutil import truncate_ms
+from duetime.services.claims import MAX_WALKED_SLOTS, claim_until, new_run
+from duetime.services.runs import (
     HOLD_RECHECK_SECONDS,
     cancel,
     held_runs,
@@ -58,9 +61,6 @@ from duetime.runs import (
     release_held,
     settle_claimed_ahead,
 )
-from duetime.schedules import DstPolicy, parse_schedule
-from duetime.store import ConditionFailedError, Update
-from duetime.timeutil import truncate_ms
 
 
 def shard_of(job_id: str, shard_count: int) -> int:
@@ -190,7 +190,7 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
         NotFoundError: the run is not the caller's, ``attempt`` never happened, or it ended without leaving
             any log (neither a final object nor a streamed chunk).
     """
-    from duetime.logs import log_key
+    from duetime.adapters.aws.s3_logs import log_key
 
     run = get_run(run_id, tenant=tenant, deps=deps)
     # every ended attempt, with the key its worker wrote to: recorded, or (a lost worker's attempt recorded
@@ -718,7 +718,7 @@ def trigger_job(job_id: str, *, tenant: str, deps: Deps, ignore_overlap: bool = 
 
     The run obeys the job's overlap policy unless ``ignore_overlap``. Raises NotFoundError, ConflictError.
     """
-    from duetime.models import OverlapPolicy
+    from duetime.domain.models import OverlapPolicy
 
     job = get_job(job_id, tenant=tenant, deps=deps)
     if job.state is JobState.DELETED:

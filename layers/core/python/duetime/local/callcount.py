@@ -1,6 +1,6 @@
 """Count every AWS call a process makes, with the item sizes that AWS bills by (for ``bench/``).
 
-Off unless ``DUETIME_CALL_COUNT_DIR`` is set: then :func:`duetime.aws.client` calls :func:`register` on each
+Off unless ``DUETIME_CALL_COUNT_DIR`` is set: then :func:`duetime.adapters.aws.clients.client` calls :func:`register` on each
 client it creates, and every call appends one JSON line to ``<dir>/calls-<pid>.jsonl``: service, operation,
 outcome, duration, and what the bill depends on:
 

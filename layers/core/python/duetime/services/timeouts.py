@@ -30,13 +30,13 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from duetime import aws
-from duetime.deps import Deps
-from duetime.models import Run, RunState, Trigger
-from duetime.observability import emit_metric, logger
-from duetime.queue import delay_seconds
-from duetime.resources import SQS_MAX_DELAY_SECONDS
-from duetime.store import run_to_item, serialize
+from duetime.adapters.aws import clients as aws
+from duetime.adapters.aws.dynamodb import run_to_item, serialize
+from duetime.adapters.aws.resources import SQS_MAX_DELAY_SECONDS
+from duetime.adapters.aws.sqs import delay_seconds
+from duetime.config.deps import Deps
+from duetime.config.observability import emit_metric, logger
+from duetime.domain.models import Run, RunState, Trigger
 
 #: Step Functions execution names: 1-80 characters of [A-Za-z0-9-_].
 MAX_EXECUTION_NAME = 80
@@ -205,8 +205,8 @@ def plan_timeout(run: Run, deps: Deps) -> TimeoutPlan:
     The fence is the same update the worker applies at its own deadline (``runs._attempt_end_update``),
     plus a fencing-token bump, conditional on RUNNING under the stuck worker's token.
     """
-    from duetime.claims import new_run
-    from duetime.runs import _attempt_end_update, message_for, triggerable
+    from duetime.services.claims import new_run
+    from duetime.services.runs import _attempt_end_update, message_for, triggerable
 
     now = deps.clock.now()
     name = execution_name(run)

@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from duetime.errors import DuetimeError
+from duetime.domain.errors import DuetimeError
 
 #: Container tiers served by worker fleets, and the Lambda tier served by the dispatcher.
 CONTAINER_TIERS: tuple[str, ...] = ("small", "medium", "large")

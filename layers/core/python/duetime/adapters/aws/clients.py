@@ -29,8 +29,8 @@ def client(service: str) -> Any:
     with _lock:
         if service not in _clients:
             made = boto3.session.Session().client(service, config=_CONFIG)
-            if os.environ.get("DUETIME_CALL_COUNT_DIR"):  # bench/: count every call (duetime.callcount)
-                from duetime import callcount
+            if os.environ.get("DUETIME_CALL_COUNT_DIR"):  # bench/: count every call (duetime.local.callcount)
+                from duetime.local import callcount
 
                 callcount.register(made, os.environ["DUETIME_CALL_COUNT_DIR"])
             _clients[service] = made

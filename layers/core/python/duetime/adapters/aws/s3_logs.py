@@ -18,7 +18,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from duetime import aws
+from duetime.adapters.aws import clients as aws
 
 #: what follows an attempt's final key in the key prefix of its chunk objects
 LIVE_SUFFIX = ".live/"

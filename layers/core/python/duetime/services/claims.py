@@ -13,14 +13,14 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from duetime.admission import is_missed, next_fire_after, schedule_of, select_slots
-from duetime.deps import Deps
-from duetime.errors import AlreadyClaimedError, StaleClaimError
-from duetime.models import Job, Run, RunState, Trigger
-from duetime.observability import logger
-from duetime.queue import delay_seconds
-from duetime.runs import message_for
-from duetime.timeutil import truncate_ms
+from duetime.adapters.aws.sqs import delay_seconds
+from duetime.config.deps import Deps
+from duetime.config.observability import logger
+from duetime.domain.admission import is_missed, next_fire_after, schedule_of, select_slots
+from duetime.domain.errors import AlreadyClaimedError, StaleClaimError
+from duetime.domain.models import Job, Run, RunState, Trigger
+from duetime.domain.timeutil import truncate_ms
+from duetime.services.runs import message_for
 
 #: Upper bound on missed slots walked one by one when catching up; past it, only the latest is considered.
 MAX_WALKED_SLOTS = 10_000
@@ -85,7 +85,7 @@ def plan_slots(job: Job, now: datetime) -> tuple[list[datetime], int]:
 
     The slots from the job's ``next_fire_at`` up to ``now`` are walked; those more than
     ``catch_up.tolerance_seconds`` late are *missed* and the catch-up policy keeps some of them
-    (:func:`duetime.admission.select_slots`, the same rule the start applies to runs claimed earlier);
+    (:func:`duetime.domain.admission.select_slots`, the same rule the start applies to runs claimed earlier);
     slots past the starting deadline are always skipped. Pure: no I/O.
 
     Returns:

@@ -31,16 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from duetime import aws
-from duetime.deps import Deps
-from duetime.errors import LeaseLostError, StartRejectedError
-from duetime.logs import S3Logs, log_key
-from duetime.models import ContainerTask, Run, RunState
-from duetime.observability import logger
-from duetime.queue import ReceivedMessage
-from duetime.resources import QUEUE_VISIBILITY_SECONDS
-from duetime.runs import INTERRUPTED_REASON, finish, heartbeat, start
-from duetime.timeutil import to_iso
+from duetime.adapters.aws import clients as aws
+from duetime.adapters.aws.resources import QUEUE_VISIBILITY_SECONDS
+from duetime.adapters.aws.s3_logs import S3Logs, log_key
+from duetime.adapters.aws.sqs import ReceivedMessage
+from duetime.config.deps import Deps
+from duetime.config.observability import logger
+from duetime.domain.errors import LeaseLostError, StartRejectedError
+from duetime.domain.models import ContainerTask, Run, RunState
+from duetime.domain.timeutil import to_iso
+from duetime.services.runs import INTERRUPTED_REASON, finish, heartbeat, start
 
 #: Largest log uploaded per attempt, bytes; longer output keeps its head and tail.
 MAX_LOG_BYTES = 4 * 1024 * 1024

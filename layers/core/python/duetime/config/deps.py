@@ -1,7 +1,7 @@
 """The dependencies every service takes: settings, store, queues, logs and a clock.
 
 Handlers build one :class:`Deps` per process (cached) from the environment; tests build their own with a
-:class:`~duetime.clock.FixedClock` and moto-backed adapters.
+:class:`~duetime.domain.clock.FixedClock` and moto-backed adapters.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from duetime.clock import Clock, SystemClock
-from duetime.logs import S3Logs
-from duetime.queue import SqsQueues
-from duetime.settings import Settings, get_settings
-from duetime.store import DynamoStore
+from duetime.adapters.aws.dynamodb import DynamoStore
+from duetime.adapters.aws.s3_logs import S3Logs
+from duetime.adapters.aws.sqs import SqsQueues
+from duetime.config.settings import Settings, get_settings
+from duetime.domain.clock import Clock, SystemClock
 
 
 @dataclass
@@ -40,5 +40,5 @@ def deps_from_settings(settings: Settings, clock: Clock | None = None) -> Deps:
 
 @lru_cache(maxsize=1)
 def default_deps() -> Deps:
-    """The process's dependencies from the environment (see :mod:`duetime.settings`)."""
+    """The process's dependencies from the environment (see :mod:`duetime.config.settings`)."""
     return deps_from_settings(get_settings())

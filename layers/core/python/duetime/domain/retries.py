@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from duetime.models import RetryPolicy
+from duetime.domain.models import RetryPolicy
 
 
 def backoff_ceiling(policy: RetryPolicy, failed_attempt: int) -> float:

@@ -20,19 +20,8 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt, wait_random_exponential
 
-from duetime import aws
-from duetime.errors import (
-    AlreadyClaimedError,
-    ConflictError,
-    DuetimeError,
-    JobExistsError,
-    LeaseLostError,
-    StaleClaimError,
-    StartRejectedError,
-    ThrottledError,
-)
-from duetime.models import Job, Run, RunState
-from duetime.resources import (
+from duetime.adapters.aws import clients as aws
+from duetime.adapters.aws.resources import (
     ACTIVE_INDEX,
     ACTIVE_INDEX_PK,
     CREATED_AT_KEY,
@@ -57,7 +46,18 @@ from duetime.resources import (
     WATCH_INDEX_PK,
     WATCH_INDEX_SK,
 )
-from duetime.timeutil import from_iso, to_iso
+from duetime.domain.errors import (
+    AlreadyClaimedError,
+    ConflictError,
+    DuetimeError,
+    JobExistsError,
+    LeaseLostError,
+    StaleClaimError,
+    StartRejectedError,
+    ThrottledError,
+)
+from duetime.domain.models import Job, Run, RunState
+from duetime.domain.timeutil import from_iso, to_iso
 
 _ser = TypeSerializer()
 _de = TypeDeserializer()

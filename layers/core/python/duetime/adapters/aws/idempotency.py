@@ -21,8 +21,8 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
     IdempotencyValidationError,
 )
 
-from duetime.errors import ConflictError, RequestFieldError
-from duetime.settings import Settings
+from duetime.config.settings import Settings
+from duetime.domain.errors import ConflictError, RequestFieldError
 
 #: Longest accepted Idempotency-Key header (AWS's own ClientToken limit is 64; Stripe's is 255).
 MAX_KEY_LENGTH = 255

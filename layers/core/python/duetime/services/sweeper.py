@@ -3,7 +3,7 @@
 It reads only the watchdog GSI (non-terminal runs whose ``watch_at`` has passed), never scans, and every
 action is a conditional update, so running it twice at once is safe:
 - PENDING and held by its job's pause: while the job is paused, look again later; once it is not (a resume
-  that missed the run), settle it as the resume does (:func:`duetime.runs.release_held`).
+  that missed the run), settle it as the resume does (:func:`duetime.services.runs.release_held`).
 - PENDING past due + grace: the message was lost (or is late); re-send it ([S0] "the run row is the truth"),
   unless attempt 1 is past its starting deadline: then it is SKIPPED.
 - RUNNING past its deadline (plus the worker's kill grace and one heartbeat): the worker is stuck or cut
@@ -19,14 +19,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from duetime.deps import Deps
-from duetime.errors import LeaseLostError
-from duetime.models import JobState, Run, RunState
-from duetime.observability import logger
-from duetime.queue import delay_seconds
-from duetime.runs import HOLD_RECHECK_SECONDS, expire_lease, handler_due_at, message_for, release_held, skip
-from duetime.store import ConditionFailedError, Update
-from duetime.timeouts import start_handler
+from duetime.adapters.aws.dynamodb import ConditionFailedError, Update
+from duetime.adapters.aws.sqs import delay_seconds
+from duetime.config.deps import Deps
+from duetime.config.observability import logger
+from duetime.domain.errors import LeaseLostError
+from duetime.domain.models import JobState, Run, RunState
+from duetime.services.runs import (
+    HOLD_RECHECK_SECONDS,
+    expire_lease,
+    handler_due_at,
+    message_for,
+    release_held,
+    skip,
+)
+from duetime.services.timeouts import start_handler
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Adapters: the ports' implementations (``aws/``: DynamoDB, SQS, S3, Step Functions, Lambda)."""

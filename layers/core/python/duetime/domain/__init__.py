@@ -1,0 +1,1 @@
+"""The domain: models, schedules, admission and lifecycle rules, errors, time. Pure: no I/O, no SDK."""

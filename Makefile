@@ -5,6 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # `make run` needs only the runtime and moto's server (a fresh machine starts the stack sooner)
 LOCAL_STAMP := $(VENV)/.installed-local
+# import-linter's contracts (pyproject.toml); no cache directory left in the work tree
+LINT_IMPORTS := $(VENV)/bin/lint-imports --no-cache --no-logo
 
 .PHONY: fuzz run test test-unit test-integration test-e2e lint format typecheck clean synth lint-infra bench bench-quick faults
 
@@ -25,8 +27,10 @@ run: $(LOCAL_STAMP)
 	$(VENV)/bin/duetime local $(ARGS)
 
 ## the whole suite: unit, integration (moto in-process), end-to-end (the real local stack), and the fault
-## harness with 350 seeds of the deterministic simulation (`make faults` runs those at length)
+## harness with 350 seeds of the deterministic simulation (`make faults` runs those at length); first the
+## import contracts (under a second)
 test: $(STAMP)
+	$(LINT_IMPORTS)
 	$(VENV)/bin/pytest -n 2 --dist loadgroup -q
 
 test-unit: $(STAMP)
@@ -38,11 +42,13 @@ test-integration: $(STAMP)
 test-e2e: $(STAMP)
 	$(VENV)/bin/pytest -q -m e2e tests/e2e
 
-## ruff (lint and format) on everything, and mypy strict on the core library and the handlers
+## ruff (lint and format) on everything, mypy strict on the core library and the handlers, and the import
+## contracts of pyproject's [tool.importlinter] (layers, no SDK in domain/services, no cycles)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check layers functions tests infra
 	$(VENV)/bin/ruff format --check layers functions tests infra
 	$(VENV)/bin/mypy layers/core/python/duetime functions
+	$(LINT_IMPORTS)
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format layers functions tests infra

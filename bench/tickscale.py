@@ -99,6 +99,7 @@ def measure(m: int) -> dict[str, Any]:
         os.environ["DUETIME_CALL_COUNT_MODE"] = "light"
         aws.reset_clients()
         callcount.reset()
+        callcount.install_from_env()
         moto_ps = psutil.Process(moto.pid)
         me = psutil.Process()
         moto_cpu0, my_cpu0 = sum(moto_ps.cpu_times()[:2]), sum(me.cpu_times()[:2])
@@ -110,6 +111,7 @@ def measure(m: int) -> dict[str, Any]:
         callcount.flush()
         records = callsmod.load(Path(tmp.name))
     finally:
+        callcount.uninstall()
         callcount.reset()
         aws.reset_clients()
         for k, v in saved.items():

@@ -12,6 +12,10 @@ passed), falling back to pyproject's ranges. Left out, with the reason:
 - ``boto3``/``botocore``: the Lambda Python runtime ships them (about 80 MB unpacked otherwise);
 - ``typer``, ``rich``: only the ``duetime`` CLI uses them, never a handler.
 
+Of the package itself, ``duetime/local/`` (the local stack), ``duetime/cli/`` (the command line) and
+``duetime/__main__.py`` (``python -m duetime``) stay out (:data:`PACKAGE_EXCLUDES`): no handler imports them,
+which pyproject's import-linter contracts check. ``duetime/lambda_target.py`` stays in.
+
 ``tzdata`` is added: ``zoneinfo`` needs a time zone database and the Lambda runtime image has none.
 
 pip needs PyPI (or a wheel cache/``PIP_FIND_LINKS``). Bundling runs only for stacks being deployed or
@@ -43,8 +47,18 @@ PIP_PLATFORM = "manylinux2014_aarch64"
 NOT_BUNDLED = frozenset({"boto3", "botocore", "typer", "rich"})
 #: Added to the bundle although pyproject does not list them.
 EXTRA_REQUIREMENTS = ("tzdata",)
-#: Files never shipped in the layer.
-LAYER_EXCLUDES = ("**/__pycache__", "**/*.pyc", "python/*.egg-info", "python/duetime.egg-info/**")
+#: Parts of ``duetime/`` (relative to it) left out of the layer: the local stack, the CLI, ``python -m duetime``.
+PACKAGE_EXCLUDES = ("local", "cli", "__main__.py")
+#: Files never shipped in the layer (globs relative to ``layers/core``). CDK leaves them out of the asset's
+#: source hash (an edit to the local stack makes no new layer version) but not out of bundling's input: the
+#: copy in :func:`copy_package` and the docker command leave :data:`PACKAGE_EXCLUDES` out themselves.
+LAYER_EXCLUDES = (
+    "**/__pycache__",
+    "**/*.pyc",
+    "python/*.egg-info",
+    "python/duetime.egg-info/**",
+    *(f"python/duetime/{part}{tail}" for part in PACKAGE_EXCLUDES for tail in ("", "/**")),
+)
 
 
 def requirement_name(requirement: str) -> str:
@@ -92,6 +106,22 @@ def pip_command(requirements: list[str], target: str) -> list[str]:
     ]
 
 
+def copy_package(python_dir: Path, source: Path = LAYER_SOURCE / "python" / "duetime") -> Path:
+    """Copy the ``duetime`` package to ``python_dir/duetime`` as the layer ships it: without
+    :data:`PACKAGE_EXCLUDES` and compiled files. Returns the copy."""
+    source = source.resolve()
+
+    def ignored(directory: str, names: list[str]) -> set[str]:
+        skipped = {n for n in names if n == "__pycache__" or n.endswith(".pyc")}
+        if Path(directory).resolve() == source:
+            skipped |= set(PACKAGE_EXCLUDES) & set(names)
+        return skipped
+
+    target = python_dir / "duetime"
+    shutil.copytree(source, target, ignore=ignored)
+    return target
+
+
 @jsii.implements(ILocalBundling)
 class LocalLayerBundler:
     """Builds the layer with this machine's Python and pip (CDK calls it instead of docker)."""
@@ -101,11 +131,7 @@ class LocalLayerBundler:
 
     def try_bundle(self, output_dir: str, options: object) -> bool:  # noqa: ARG002 - jsii passes the options
         python_dir = Path(output_dir) / "python"
-        shutil.copytree(
-            LAYER_SOURCE / "python" / "duetime",
-            python_dir / "duetime",
-            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-        )
+        copy_package(python_dir)
         command = [sys.executable, "-m", *pip_command(self.requirements, str(python_dir))]
         result = subprocess.run(command, capture_output=True, text=True, check=False)  # noqa: S603
         if result.returncode != 0:
@@ -129,6 +155,8 @@ def layer_bundling() -> BundlingOptions:
         [
             f"mkdir -p {target}",
             f"cp -r /asset-input/python/duetime {target}/",
+            # docker mounts the asset's source as it is: the asset's excludes do not apply to /asset-input
+            f"rm -rf {' '.join(f'{target}/duetime/{part}' for part in PACKAGE_EXCLUDES)}",
             " ".join(pip_command(requirements, target)),
         ]
     )

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from duetime.config.settings import CONTAINER_TIERS, Settings
 
 #: Context keys read by :func:`stage_from_context`.
+#: EventBridge Scheduler invokes every shard's tick at this period, seconds (``rate(1 minute)``).
+TICK_PERIOD_SECONDS = 60
 STAGE_CONTEXT_KEY = "stage"
 STAGES_CONTEXT_KEY = "stages"
 OVERRIDE_PREFIX = "duetime:"

@@ -13,12 +13,10 @@ from aws_cdk import Stack
 from constructs import Construct
 
 from duetime.config.settings import Settings, settings_to_env
-from infra.config import StageConfig
+from infra.config import TICK_PERIOD_SECONDS, StageConfig
 from infra.constructs.queues import TierQueues
 from infra.constructs.storage import Storage
 
-#: EventBridge Scheduler invokes every shard's tick at this period, seconds (``rate(1 minute)``).
-TICK_PERIOD_SECONDS = 60
 QUEUE_URLS_VAR = "DUETIME_QUEUE_URLS"
 
 

@@ -17,8 +17,8 @@ from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
 
 from duetime.adapters.aws.resources import jobs_table_definition, runs_table_definition
-from duetime.adapters.aws.s3_logs import log_key
 from duetime.config.settings import ALL_TIERS
+from duetime.domain.logs import log_key
 from infra.constructs.queues import TierQueues
 from infra.constructs.storage import Storage
 from infra.nag import acknowledge, arn_finding

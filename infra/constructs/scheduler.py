@@ -15,8 +15,7 @@ from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_scheduler_targets as targets
 from constructs import Construct
 
-from infra.config import StageConfig
-from infra.environment import TICK_PERIOD_SECONDS
+from infra.config import TICK_PERIOD_SECONDS, StageConfig
 from infra.nag import acknowledge, arn_finding
 
 assert TICK_PERIOD_SECONDS % 60 == 0, "EventBridge Scheduler rates are whole minutes"

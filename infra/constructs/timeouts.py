@@ -1,4 +1,4 @@
-"""The timeout-handler state machine (Step Functions, Standard): ``duetime.services.timeouts.state_machine_definition``.
+"""The timeout-handler state machine (Step Functions, Standard): ``duetime.adapters.aws.stepfunctions.state_machine_definition``.
 
 The definition names no resource (the sweeper passes table names, keys and queue URLs in each execution's
 input), so the role is what bounds it: UpdateItem (the fence) and PutItem (an ``on_timeout: trigger`` run) on
@@ -17,7 +17,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from duetime.services.timeouts import state_machine_definition
+from duetime.adapters.aws.stepfunctions import state_machine_definition
 from infra.config import StageConfig
 from infra.constructs.access import Access, Catalogue, Target, allow
 from infra.nag import acknowledge

@@ -51,11 +51,14 @@ class Counted:
 
 @pytest.fixture
 def counted(deps: Deps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted]:
-    """Every client that ``duetime.adapters.aws.clients.client`` creates from here on counts its calls into ``tmp_path``."""
+    """Every client that ``duetime.adapters.aws.clients.client`` creates from here on counts its calls into
+    ``tmp_path``, as in a process of the local stack started with ``DUETIME_CALL_COUNT_DIR`` set."""
     monkeypatch.setenv(callcount.ENV_VAR, str(tmp_path))
     aws.reset_clients()
     callcount.reset()
+    assert callcount.install_from_env()
     yield Counted(tmp_path)
+    callcount.uninstall()
     callcount.reset()
     aws.reset_clients()
 
@@ -174,10 +177,18 @@ def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
     assert all(r["items"] == 0 for r in swept)
 
 
+def test_a_second_install_replaces_the_first(deps: Deps, counted: Counted) -> None:
+    assert callcount.install_from_env()
+    aws.reset_clients()
+    aws.client("sqs").list_queues()
+    assert ops(counted.take()) == {"sqs ListQueues": 1}
+
+
 def test_counting_is_off_without_the_environment_variable(
     deps: Deps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(callcount.ENV_VAR, raising=False)
+    assert not callcount.install_from_env()
     aws.reset_clients()
     _submit(deps)
     assert not hasattr(aws.client("dynamodb").meta, "duetime_callcount")

@@ -39,8 +39,8 @@ from duetime.adapters.aws.resources import (  # noqa: E402
     jobs_table_definition,
     runs_table_definition,
 )
+from duetime.adapters.aws.stepfunctions import state_machine_definition  # noqa: E402
 from duetime.config.settings import ALL_TIERS, CONTAINER_TIERS, ENV_VARS, Settings, settings_from_env  # noqa: E402
-from duetime.services.timeouts import state_machine_definition  # noqa: E402
 from infra.constructs.functions import FUNCTIONS  # noqa: E402
 from infra.constructs.queues import DISPATCHER_TIMEOUT_SECONDS  # noqa: E402
 

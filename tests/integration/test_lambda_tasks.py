@@ -14,6 +14,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from duetime.adapters.aws import clients as aws
+from duetime.adapters.aws.lambda_invoker import BotoLambdaInvoker
 from duetime.config.deps import Deps
 from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.errors import InvokeError
@@ -29,7 +30,7 @@ from duetime.domain.models import (
 from duetime.local.lambda_runtime import LocalLambdaContext, load_module
 from duetime.local.lambda_service import LocalLambda, sqs_event_record
 from duetime.services import jobs
-from duetime.services.lambda_tasks import LAMBDA_LEASE_MARGIN_SECONDS, BotoLambdaInvoker
+from duetime.services.lambda_tasks import LAMBDA_LEASE_MARGIN_SECONDS
 from duetime.services.sweeper import sweep
 from tests.helpers import call, drain
 
@@ -187,7 +188,7 @@ def test_a_record_that_cannot_be_claimed_fails_alone_in_its_batch(
 ) -> None:
     # Given three runs due, and DynamoDB failing the claim of the second
     ok1, broken, ok2 = (_submit(deps, function=f"fn{i}") for i in range(3))
-    real_start = deps.store.start_run
+    real_start = deps.store.start
 
     def flaky_start(job_id: str, *args: Any, **kw: Any) -> Run:
         if job_id == broken.job_id:
@@ -196,7 +197,7 @@ def test_a_record_that_cannot_be_claimed_fails_alone_in_its_batch(
             )
         return real_start(job_id, *args, **kw)
 
-    monkeypatch.setattr(deps.store, "start_run", flaky_start)
+    monkeypatch.setattr(deps.store, "start", flaky_start)
     messages = _received(deps)
     # When one batch holds their messages and a body that is no run message
     failed = _dispatch(dispatcher, _event(messages, '{"not": "a run message"}'))

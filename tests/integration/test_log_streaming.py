@@ -20,12 +20,13 @@ import pytest
 from duetime.adapters.aws import clients as aws
 from duetime.adapters.aws.dynamodb import Update
 from duetime.adapters.aws.resources import ResourceNames
-from duetime.adapters.aws.s3_logs import S3Logs, chunk_key, chunk_prefix, log_key
+from duetime.adapters.aws.s3_logs import S3Logs, chunk_key, chunk_prefix
 from duetime.config.deps import Deps, deps_from_settings
 from duetime.config.settings import settings_to_env
 from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.clock import FixedClock, SystemClock
 from duetime.domain.errors import NotFoundError
+from duetime.domain.logs import log_key
 from duetime.domain.models import ContainerTask, RetryPolicy, Run, RunState
 from duetime.local.stack import LOCAL_AWS_ENV
 from duetime.services import jobs, runs
@@ -227,7 +228,7 @@ def test_a_cancelled_runs_log_says_it_was_cancelled_and_a_superseded_one_says_le
         if fence == "cancel":  # POST /runs/{id}/cancel
             jobs.cancel_run(run.run_id, tenant="t1", deps=deps)
         else:  # another party took the lease (the sweeper, the timeout handler): the token moved on
-            deps.store.update_run(run.job_id, run.due_at, Update(adds={"fencing_token": 1}))
+            deps.store._update_run(run.job_id, run.due_at, Update(adds={"fencing_token": 1}))
         worker.join(timeout=10)
         assert not worker.is_alive()
         log = jobs.get_run_log(run.run_id, tenant="t1", deps=deps, attempt=1)

@@ -15,6 +15,7 @@ import pytest
 
 from duetime.adapters.aws import clients as aws
 from duetime.adapters.aws.resources import ResourceNames
+from duetime.adapters.aws.stepfunctions import create_state_machine
 from duetime.config.deps import Deps, deps_from_settings
 from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.clock import FixedClock
@@ -22,7 +23,7 @@ from duetime.domain.errors import LeaseLostError, RequestFieldError
 from duetime.domain.models import ContainerTask, OnTimeout, RetryPolicy, RunState, Trigger
 from duetime.services import jobs, runs
 from duetime.services.sweeper import sweep
-from duetime.services.timeouts import create_state_machine, execution_name, start_handler
+from duetime.services.timeouts import execution_name, start_handler
 from duetime.services.worker import Worker
 from tests.conftest import T0, make_settings, moto_env
 from tests.helpers import drain

@@ -39,7 +39,7 @@ def test_worker_runs_the_command_and_stores_its_output(deps: Deps) -> None:
     assert f"id={run.run_id} a=1 t=1" in log
     assert "err" in log
     assert run.watch_at is None  # terminal runs leave the watchdog index
-    assert list(deps.store.query_watch(run.shard, run.due_at.replace(year=2100))) == []
+    assert list(deps.store.query_overdue(run.shard, run.due_at.replace(year=2100))) == []
 
 
 def test_a_duplicate_message_does_not_start_a_second_attempt(deps: Deps) -> None:

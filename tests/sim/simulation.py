@@ -54,7 +54,6 @@ from duetime.adapters.aws.resources import (
     jobs_table_definition,
     runs_table_definition,
 )
-from duetime.adapters.aws.sqs import ReceivedMessage
 from duetime.config.deps import Deps
 from duetime.config.observability import logger as duetime_logger
 from duetime.config.settings import ALL_TIERS, Settings
@@ -80,6 +79,7 @@ from duetime.domain.models import (
     RunState,
     ScheduleSpec,
 )
+from duetime.domain.ports import ReceivedMessage
 from duetime.domain.timeutil import from_iso, to_epoch_ms, to_iso, truncate_ms
 from duetime.services import claims, jobs, sweeper
 from duetime.services.runs import heartbeat

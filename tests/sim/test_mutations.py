@@ -38,14 +38,15 @@ def _patched(target: Any, name: str, replacement: Any) -> Iterator[None]:
 def _finish_without_fencing() -> Any:
     """Finish and lease expiry check only that the run is RUNNING, not whose lease it is."""
 
-    def fenced_transition(self: Any, job_id: Any, due_at: Any, *, fencing_token: int, update: Any) -> Any:
-        update.conditions.update(state="RUNNING")
+    def end_attempt(self: Any, end: Any) -> Any:
+        update = self._end_attempt_update(end)
+        update.conditions.pop("fencing_token")
         try:
-            return self.update_run(job_id, due_at, update)
+            return self._update_run(end.job_id, end.due_at, update)
         except store.ConditionFailedError:
             raise LeaseLostError("mutant") from None
 
-    return _patched(store.DynamoStore, "fenced_transition", fenced_transition)
+    return _patched(store.DynamoStore, "end_attempt", end_attempt)
 
 
 def _claim_without_condition() -> Any:
@@ -60,7 +61,7 @@ def _claim_without_condition() -> Any:
 
 def _sweeper_never_resends() -> Any:
     """A PENDING run whose message was lost is never sent again."""
-    return _patched(sweeper, "_resend", lambda run, deps: None)
+    return _patched(sweeper, "_resend", lambda run, deps: True)
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import json
 import pytest
 from botocore.exceptions import ClientError
 
+from duetime.adapters.aws.errors import THROTTLING_CODES
 from duetime.api.errors import (
-    THROTTLING_CODES,
     aws_error,
     error_response,
     error_result,

@@ -12,8 +12,8 @@ from typing import Any
 
 from aws_lambda_powertools.event_handler import ApiGatewayResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
-from botocore.exceptions import ClientError
 
+from duetime.adapters.aws.errors import SdkError, translate
 from duetime.domain.api_models import ErrorResponse
 from duetime.domain.errors import (
     ConflictError,
@@ -25,31 +25,6 @@ from duetime.domain.errors import (
     ThrottledError,
 )
 from duetime.domain.models import TASK_KINDS
-
-#: Error codes of AWS capacity refusals (after the SDK's own retries), answered as 503 + Retry-After.
-#: Duetime's own list (botocore keeps its list private), from AWS's error code documentation: the common
-#: errors of the AWS APIs (Throttling, ThrottlingException, TooManyRequestsException, LimitExceededException,
-#: RequestLimitExceeded), DynamoDB's "Error handling with DynamoDB" (ProvisionedThroughputExceededException,
-#: ThrottlingException, RequestLimitExceeded, TransactionInProgressException), SQS's API errors
-#: (RequestThrottled, ThrottlingException) and S3's (SlowDown); plus the rest of what botocore's standard retry
-#: mode retries as throttling, so that none of it is a 500. tests/unit/test_api_errors.py warns when botocore's
-#: list grows a code this tuple lacks.
-THROTTLING_CODES: tuple[str, ...] = (
-    "Throttling",
-    "ThrottlingException",
-    "ThrottledException",
-    "RequestThrottledException",
-    "TooManyRequestsException",
-    "ProvisionedThroughputExceededException",
-    "TransactionInProgressException",
-    "RequestLimitExceeded",
-    "BandwidthLimitExceeded",
-    "LimitExceededException",
-    "RequestThrottled",
-    "SlowDown",
-    "PriorRequestNotComplete",
-    "EC2ThrottledException",
-)
 
 
 def error_body(code: str, message: str, field: str | None = None) -> str:
@@ -140,11 +115,12 @@ def throttled(exc: ThrottledError) -> Response[str]:
     return response
 
 
-def aws_error(exc: ClientError) -> Response[str]:
-    """A throttled AWS call is a 503 with Retry-After; any other AWS error stays a server error (re-raised)."""
-    code = exc.response.get("Error", {}).get("Code", "")
-    if code in THROTTLING_CODES:
-        return throttled(ThrottledError(f"AWS throttled {exc.operation_name} ({code})"))
+def aws_error(exc: SdkError) -> Response[str]:
+    """A throttled AWS call is a 503 with Retry-After (the AWS adapters' :func:`translate`); any other AWS
+    error stays a server error (re-raised)."""
+    translated = translate(exc)
+    if isinstance(translated, ThrottledError):
+        return throttled(translated)
     raise exc
 
 
@@ -158,7 +134,7 @@ HANDLERS: dict[type[Exception], Callable[[Any], Response[str]]] = {
     JobExistsError: job_exists,
     QuotaExceededError: quota_exceeded,
     ThrottledError: throttled,
-    ClientError: aws_error,
+    SdkError: aws_error,
 }
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.openapi.params import Header
 
-from duetime.adapters.aws import idempotency
+from duetime.api import idempotency
 from duetime.config.deps import Deps
 
 #: The optional ``Idempotency-Key`` header of a route that changes something.
@@ -26,13 +26,13 @@ def once(
     lambda_context: Any,
 ) -> Response[str]:
     """The HTTP response of ``action`` (``{"status", "body", "location"?}``), run once per ``(tenant, route,
-    key)``: a retry with the same key replays it (:func:`duetime.adapters.aws.idempotency.once`)."""
+    key)``: a retry with the same key replays it (:func:`duetime.api.idempotency.once`)."""
     stored = idempotency.once(
         key,
         tenant=tenant,
         route=route,
         body=body,
-        settings=deps.settings,
+        deps=deps,
         handler=action,
         lambda_context=lambda_context,
     )

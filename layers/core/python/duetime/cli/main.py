@@ -158,8 +158,10 @@ def worker(
         raise typer.Exit(2) from None
 
     from duetime.config.deps import default_deps
+    from duetime.local import callcount
     from duetime.services.worker import Worker, handle_stop_signals
 
+    callcount.install_from_env()  # bench/: count this worker's AWS calls
     w = Worker(default_deps(), tier)
     # SIGTERM/SIGINT only set the worker's stop flag (no lock: a second or third signal is harmless)
     handle_stop_signals(w)

@@ -22,6 +22,7 @@ from pydantic import (
 from duetime.domain.models import (
     MAX_LAMBDA_TIMEOUT_SECONDS,
     MAX_TIMEOUT_SECONDS,
+    STORED_CONTEXT,
     AttemptRecord,
     CatchUpPolicy,
     Instant,
@@ -257,7 +258,8 @@ class JobResponse(BaseModel):
                 exit_code=last_run.exit_code,
                 finished_at=last_run.finished_at,
             )
-        return cls.model_validate(data)
+        # a stored job (read leniently) is shown as stored: submit-only rules are not applied again
+        return cls.model_validate(data, context=STORED_CONTEXT)
 
 
 class JobListResponse(BaseModel):
@@ -324,7 +326,8 @@ class RunResponse(BaseModel):
         )
         data["run_id"] = run.run_id
         data["lag_seconds"] = schedule_lag(run)
-        return cls.model_validate(data)
+        # a stored run (read leniently) is shown as stored: submit-only rules are not applied again
+        return cls.model_validate(data, context=STORED_CONTEXT)
 
 
 def schedule_lag(run: Run) -> float | None:

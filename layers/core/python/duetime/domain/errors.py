@@ -90,3 +90,18 @@ class QuotaExceededError(DuetimeError):
 class ThrottledError(DuetimeError):
     """AWS kept refusing a request for capacity (DynamoDB throttling, after the SDK's and Duetime's own
     retries). Nothing was changed by the refused part; the caller may try again later (HTTP 503)."""
+
+
+class PageTokenError(RequestFieldError):
+    """A ``next_token`` that is not one the store issued for this listing (forged, corrupted, or from
+    another tenant's or job's list): HTTP 400 on field ``next_token``."""
+
+    def __init__(
+        self, message: str = "next_token: not a token from this list; start again without it"
+    ) -> None:
+        super().__init__(message, "next_token")
+
+
+class LogStoreError(DuetimeError):
+    """The log store refused part of a request (e.g. some chunks were not deleted); nothing is lost: the
+    caller may try again."""

@@ -9,28 +9,232 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from functools import cache
+from types import MappingProxyType
+from typing import Annotated, Any, Literal, Self, TypeVar, get_origin
 
 from pydantic import (
-    AfterValidator,
     AwareDatetime,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
     JsonValue,
     PlainSerializer,
     Strict,
+    StringConstraints,
     Tag,
+    TypeAdapter,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
     model_validator,
 )
+from pydantic.fields import FieldInfo
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
 from duetime.domain.timeutil import from_epoch_ms, to_epoch_ms, to_iso
 
-#: Numbers in requests are numbers: "10" or true is not accepted where an integer or float is expected.
+
+def json_text(value: Any) -> str:
+    """Compact JSON text of a user's JSON value (a Lambda payload or result), non-ASCII escaped: whatever
+    strings a function returns, the text is valid UTF-8 for any store."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+# ---- stored rows: read leniently --------------------------------------------------------------------------
+# A row in the store was valid when it was written, by this version or by another one: a newer version may
+# have added fields, a rollback may leave rows a newer version wrote, and a rule for submissions may have
+# been tightened since. None of that may make a row unreadable (a job that cannot be read cannot even be
+# deleted). So a stored row is validated with the ``stored`` context (``StoredModel.from_stored``): unknown
+# fields are dropped at every nesting level and the rules marked submit-only are skipped. Requests and queue
+# messages get no context: for them every rule holds and an unknown field is an error, as before.
+
+#: the key of the validation context that marks a stored row (``context={STORED: True}``)
+STORED = "stored"
+#: the validation context of a stored row
+STORED_CONTEXT: Mapping[str, Any] = MappingProxyType({STORED: True})
+
+
+def is_stored(info: ValidationInfo) -> bool:
+    """True when the value being validated comes from a stored row (the ``stored`` validation context)."""
+    context = info.context
+    if context is None or context is STORED_CONTEXT:  # the common cases, without an ABC check per field
+        return context is not None
+    return isinstance(context, Mapping) and context.get(STORED) is True
+
+
+def _shallow(source: Any) -> Any:
+    """``source`` with its items left unchecked (``list[Argument]`` -> ``list[Any]``): a constraint on a
+    container is checked on the container, its items were validated already."""
+    origin = get_origin(source)
+    if origin is list:
+        return list[Any]
+    if origin is dict:
+        return dict[Any, Any]
+    return source
+
+
+#: pydantic constraints a SubmitOnly rule may be
+_Constraint = FieldInfo | StringConstraints
+
+
+class SubmitOnly:
+    """Annotation: rules a *submission* must follow, skipped when a stored row is read.
+
+    Each rule is a pydantic constraint (``Field(le=100)``, ``Field(max_length=256)``, ``StringConstraints``),
+    checked as pydantic checks it (the same errors; a list's or a dict's size before its items, as pydantic
+    does), or a check function ``value -> value`` raising ValueError, run after the value's own validation
+    (with ``mode="before"``: on the raw input, functions only). Rules run in order. The constraints appear in
+    the JSON schema too, so the OpenAPI document still shows them.
+
+    Use it for limits that may be tuned (upper bounds, sizes, formats a request must use); a rule the code
+    relies on to use the value (its type, a lower bound that gives it its meaning) stays a plain one.
+    """
+
+    __slots__ = ("_mode", "_rules")
+
+    def __init__(
+        self,
+        *rules: _Constraint | Callable[[Any], Any],
+        mode: Literal["after", "before"] = "after",
+    ):
+        if mode == "before" and any(isinstance(rule, _Constraint) for rule in rules):
+            raise TypeError("SubmitOnly(mode='before') takes check functions only")
+        self._rules = rules
+        self._mode = mode
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        container = get_origin(source) if get_origin(source) in (list, dict) else None
+        before: list[Callable[[Any], Any]] = []
+        after: list[Callable[[Any], Any]] = []
+        for rule in self._rules:
+            if not isinstance(rule, _Constraint):
+                (before if self._mode == "before" else after).append(rule)
+                continue
+            checker = _constrained(_shallow(source), rule).validator.validate_python
+            if container is not None:  # pydantic checks a container's size before its items
+                before.append(_when_instance(container, checker))
+            after.append(checker)
+
+        def check_submission(value: Any, validate: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
+            if is_stored(info):
+                return validate(value)
+            for check in before:
+                value = check(value)
+            value = validate(value)
+            for check in after:
+                value = check(value)
+            return value
+
+        names = [getattr(rule, "__name__", "") for rule in self._rules if not isinstance(rule, _Constraint)]
+        check_submission.__name__ = check_submission.__qualname__ = (
+            "_".join(n for n in names if n) or "submit_only"
+        )
+        return core_schema.with_info_wrap_validator_function(check_submission, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        shown = handler(schema)
+        python_type = _PYTHON_TYPE_OF_JSON.get(shown.get("type"), Any)
+        for rule in self._rules:
+            if isinstance(rule, _Constraint):
+                own = _constrained(python_type, rule).json_schema()
+                shown.update({key: value for key, value in own.items() if key not in shown})
+        return shown
+
+
+_PYTHON_TYPE_OF_JSON: dict[Any, Any] = {
+    "string": str,
+    "integer": int,
+    "number": float,
+    "array": list[Any],
+    "object": dict[Any, Any],
+}
+
+
+def _constrained(python_type: Any, constraint: _Constraint) -> TypeAdapter[Any]:
+    """A validator of ``python_type`` under ``constraint`` (the way pydantic checks it on a field)."""
+    annotated: Any = Annotated[python_type, constraint]
+    return TypeAdapter(annotated)
+
+
+def _when_instance(kind: type, check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``check`` applied to a value of type ``kind`` only (others are left to the type's own validation)."""
+
+    def checked(value: Any) -> Any:
+        return check(value) if isinstance(value, kind) else value
+
+    return checked
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def submit_only(check: Callable[[_M], _M]) -> Callable[[_M, ValidationInfo], _M]:
+    """A ``model_validator(mode="after")`` that a submission must pass and a stored row skips (see
+    :class:`SubmitOnly`): put it under ``@model_validator(mode="after")``."""
+
+    def checked(self: _M, info: ValidationInfo) -> _M:
+        return self if is_stored(info) else check(self)
+
+    checked.__name__ = check.__name__
+    checked.__qualname__ = check.__qualname__
+    checked.__doc__ = check.__doc__
+    return checked
+
+
+class StoredModel(BaseModel):
+    """Base of the models the store holds (a job, a run and what they are made of): frozen and, given no
+    context, strict (an unknown field is an error, every rule holds), as a request or a message needs.
+
+    Read a stored row with :meth:`from_stored`: a rollback or a newer writer must never make rows
+    unreadable, so with the ``stored`` context (:data:`STORED_CONTEXT`, which nested models inherit) unknown
+    fields are ignored at every level and :class:`SubmitOnly` rules are skipped. Types, required fields,
+    enum values and the rules the code relies on to use a value still hold.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any]) -> Self:
+        """The model of a stored row ``data``, read leniently: fields this version does not know (a newer
+        version's, or an older one's since removed) are ignored at every nesting level, submit-only rules
+        (:class:`SubmitOnly`: bounds, sizes, request formats such as "numbers are numbers") are skipped.
+
+        Raises:
+            pydantic.ValidationError: the row lacks a required field or holds a value of the wrong type.
+        """
+        return cls.model_validate(dict(data), strict=False, context=STORED_CONTEXT)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ignore_unknown_fields_when_stored(cls, data: Any, info: ValidationInfo) -> Any:
+        if not is_stored(info) or not isinstance(data, dict | Mapping):
+            return data
+        known = _field_keys(cls)
+        return {key: value for key, value in data.items() if key in known}
+
+
+@cache
+def _field_keys(model: type[BaseModel]) -> frozenset[str]:
+    """The keys ``model`` reads from its input: its field names and aliases."""
+    return frozenset(
+        key
+        for name, field in model.model_fields.items()
+        for key in (name, field.alias, field.validation_alias)
+        if isinstance(key, str)
+    )
+
+
+#: Numbers in requests are numbers: "10" or true is not accepted where an integer or float is expected
+#: (a submission's rule: ``StoredModel.from_stored`` reads a stored row with ``strict=False``).
 SInt = Annotated[int, Strict()]
 SFloat = Annotated[float, Strict()]
 
@@ -63,10 +267,11 @@ def in_supported_range(value: datetime) -> datetime:
 
 
 #: An instant in a request: ISO-8601 with an offset; epoch numbers are refused (seconds or milliseconds?).
+#: Both rules are a submission's (a stored schedule keeps the instant it was accepted with).
 RequestInstant = Annotated[
     AwareDatetime,
-    BeforeValidator(_no_epoch_numbers),
-    AfterValidator(in_supported_range),
+    SubmitOnly(_no_epoch_numbers, mode="before"),
+    SubmitOnly(in_supported_range),
     PlainSerializer(lambda d: to_iso(d), return_type=str, when_used="json"),
 ]
 
@@ -131,33 +336,31 @@ def _no_nul(text: str) -> str:
     return text
 
 
-#: a string handed to a process (argv element, environment value, stdin): no NUL characters
-ProcessText = Annotated[str, AfterValidator(_no_nul)]
-#: Longest argv element and stdin, characters. The length is checked on the string itself, before the NUL
-#: check: a length constraint placed after a validator is checked generically and speaks of "items".
+#: a string handed to a process (argv element, environment value, stdin): no NUL characters (submissions)
+ProcessText = Annotated[str, SubmitOnly(_no_nul)]
+#: Longest argv element and stdin, characters (submissions). The length is checked before the NUL check.
 MAX_ARG_CHARS = 8192
 MAX_STDIN_CHARS = 65536
-Argument = Annotated[str, Field(max_length=MAX_ARG_CHARS), AfterValidator(_no_nul)]
-StdinText = Annotated[str, Field(max_length=MAX_STDIN_CHARS), AfterValidator(_no_nul)]
+Argument = Annotated[str, SubmitOnly(Field(max_length=MAX_ARG_CHARS), _no_nul)]
+StdinText = Annotated[str, SubmitOnly(Field(max_length=MAX_STDIN_CHARS), _no_nul)]
 
 #: Most bytes of command + env + stdin in one task: the task is copied into every run record, and a
 #: DynamoDB item holds at most 400 KB with its attempt history.
 MAX_TASK_BYTES = 96 * 1024
 
 
-class ScheduleSpec(BaseModel):
+class ScheduleSpec(StoredModel):
     """When a job fires. ``None`` instead of a schedule means "run once, now"."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # submit-only (a stored row skips them): the lengths' upper bounds and the instants' rules (no epoch
+    # numbers, years 1970-2199); the expression's own submit rules are skipped by parse_spec(stored=True)
 
-    expression: str = Field(
-        min_length=1,
-        max_length=256,
+    expression: Annotated[str, Field(min_length=1), SubmitOnly(Field(max_length=256))] = Field(
         description="`rate(N minutes|hours|days)`, `at(yyyy-mm-ddThh:mm:ss)` or a cron expression",
         examples=["rate(5 minutes)", "at(2026-12-01T10:00:00)", "cron(0 12 ? * MON-FRI *)", "*/15 * * * *"],
     )
-    timezone: str = Field(
-        default="UTC", min_length=1, max_length=64, description="IANA time zone name", examples=["UTC"]
+    timezone: Annotated[str, Field(min_length=1), SubmitOnly(Field(max_length=64))] = Field(
+        default="UTC", description="IANA time zone name", examples=["UTC"]
     )
     start_at: RequestInstant | None = Field(default=None, description="No fire before this instant")
     end_at: RequestInstant | None = Field(default=None, description="No fire after this instant")
@@ -168,26 +371,29 @@ class ScheduleSpec(BaseModel):
     )
 
 
-class ContainerTask(BaseModel):
+class ContainerTask(StoredModel):
     """A command run by a worker of ``tier`` in a subprocess (argv, no shell unless you ask for one)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # submit-only (a stored row skips them): the sizes (argv length, each string's, the task's bytes), the
+    # environment names' format, NUL characters, an empty program name; a stored command still needs one
 
     kind: Literal["container"] = "container"
     command: Annotated[
         list[Argument],
-        Field(min_length=1, max_length=256),
-        AfterValidator(_no_empty_args),
+        Field(min_length=1),
+        SubmitOnly(Field(max_length=256), _no_empty_args),
     ] = Field(description="argv list", examples=[["sh", "-c", "echo hello $DUETIME_RUN_ID"]])
-    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)], ProcessText] = (
-        Field(default_factory=dict, description="extra environment variables for the task")
-    )
+    env: dict[
+        Annotated[str, SubmitOnly(StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256))],
+        ProcessText,
+    ] = Field(default_factory=dict, description="extra environment variables for the task")
     tier: Tier = Field(default="small", description="resource tier: which worker fleet runs it")
     stdin: StdinText | None = Field(
         default=None, description="text fed to the task's standard input (cron's `%` lines)"
     )
 
     @model_validator(mode="after")
+    @submit_only
     def _fits_a_run_record(self) -> ContainerTask:
         size = sum(len(a.encode()) for a in self.command)
         size += sum(len(k.encode()) + len(v.encode()) for k, v in self.env.items())
@@ -222,10 +428,11 @@ def _function_ref(value: str) -> str:
 
 
 #: How a Lambda task names its function (checked with a readable message; the pattern is in the schema).
+#: The length bound and the pattern are a submission's: a stored row keeps the name it was accepted with.
 FunctionRef = Annotated[
     str,
-    Field(min_length=1, max_length=170, json_schema_extra={"pattern": FUNCTION_PATTERN}),
-    AfterValidator(_function_ref),
+    Field(min_length=1, json_schema_extra={"pattern": FUNCTION_PATTERN}),
+    SubmitOnly(Field(max_length=170), _function_ref),
 ]
 
 
@@ -236,7 +443,7 @@ def function_name_of(function: str) -> str:
     return rest.split(":", 1)[0]
 
 
-class LambdaTask(BaseModel):
+class LambdaTask(StoredModel):
     """A Lambda function invoked asynchronously by the dispatcher with the run's envelope
     ``{"duetime": {run_id, job_id, attempt, fencing_token, due_at, timeout_seconds}, "payload": payload}``.
 
@@ -244,7 +451,7 @@ class LambdaTask(BaseModel):
     Duetime's retry policy decides. Its outcome comes back through a Lambda destination.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # submit-only (a stored row skips them): the function name's length and format, the payload's size
 
     kind: Literal["lambda"] = "lambda"
     function: FunctionRef = Field(
@@ -257,6 +464,7 @@ class LambdaTask(BaseModel):
     tier: Literal["lambda"] = Field(default="lambda", description="always `lambda`: the dispatcher's queue")
 
     @model_validator(mode="after")
+    @submit_only
     def _fits_a_run_record(self) -> LambdaTask:
         try:
             size = len(json.dumps(self.payload, separators=(",", ":"), ensure_ascii=False).encode())
@@ -298,15 +506,22 @@ Task = Annotated[
 MAX_RESULT_BYTES = 32 * 1024
 
 
-class RetryPolicy(BaseModel):
+class RetryPolicy(StoredModel):
     """Retries of failed attempts: exponential backoff with jitter (defaults from [S0]; see ``duetime.domain.retries``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # the upper bounds are submit-only (a stored policy keeps the values it was accepted with); the lower
+    # bounds hold always (an attempt count is at least 1, a delay is not negative, a backoff never shrinks)
 
-    max_attempts: SInt = Field(default=3, ge=1, le=100, description="attempts in all, the first included")
-    backoff_seconds: SFloat = Field(default=10.0, ge=0, le=86400, description="delay before attempt 2, s")
-    backoff_multiplier: SFloat = Field(default=4.0, ge=1, le=100)
-    max_backoff_seconds: SFloat = Field(default=900.0, ge=0, le=7 * 86400, description="cap on any delay, s")
+    max_attempts: Annotated[SInt, Field(ge=1), SubmitOnly(Field(le=100))] = Field(
+        default=3, description="attempts in all, the first included"
+    )
+    backoff_seconds: Annotated[SFloat, Field(ge=0), SubmitOnly(Field(le=86400))] = Field(
+        default=10.0, description="delay before attempt 2, s"
+    )
+    backoff_multiplier: Annotated[SFloat, Field(ge=1), SubmitOnly(Field(le=100))] = 4.0
+    max_backoff_seconds: Annotated[SFloat, Field(ge=0), SubmitOnly(Field(le=7 * 86400))] = Field(
+        default=900.0, description="cap on any delay, s"
+    )
     jitter: Literal["equal", "full", "none"] = Field(
         default="equal",
         description="equal: uniform in [c/2, c) so gaps grow; full: uniform in [0, c); none: c "
@@ -318,7 +533,7 @@ class RetryPolicy(BaseModel):
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 
 
-class OnTimeout(BaseModel):
+class OnTimeout(StoredModel):
     """What happens when an attempt outlives ``timeout_seconds`` ([S4] timeout handler).
 
     ``retry`` (default): the timed-out attempt counts as a failed attempt under the retry policy (as in
@@ -328,22 +543,30 @@ class OnTimeout(BaseModel):
     SIGKILL after ``kill_grace_seconds``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # submit-only (a stored row skips them): the grace's upper bound, refusing a job_id for another action
+    # (nothing reads it then); action `trigger` needs its job_id always: the timeout handler uses it
 
     action: Literal["retry", "fail", "trigger"] = "retry"
     job_id: JobId | None = Field(default=None, description="the job to trigger (action `trigger` only)")
-    kill_grace_seconds: SFloat = Field(default=10.0, ge=0, le=300, description="SIGTERM to SIGKILL, s")
+    kill_grace_seconds: Annotated[SFloat, Field(ge=0), SubmitOnly(Field(le=300))] = Field(
+        default=10.0, description="SIGTERM to SIGKILL, s"
+    )
 
     @model_validator(mode="after")
     def _job_for_trigger(self) -> OnTimeout:
         if self.action == "trigger" and self.job_id is None:
             raise ValueError("action `trigger` needs the job_id of the job to trigger")
+        return self
+
+    @model_validator(mode="after")
+    @submit_only
+    def _job_only_for_trigger(self) -> OnTimeout:
         if self.action != "trigger" and self.job_id is not None:
             raise ValueError(f"job_id is only for action `trigger`, not `{self.action}`")
         return self
 
 
-class CatchUpPolicy(BaseModel):
+class CatchUpPolicy(StoredModel):
     """What to do with missed slots (DESIGN.md section 5, "catch-up, defined once").
 
     A slot is *missed* when its run would start more than ``tolerance_seconds`` after its due time, whatever
@@ -356,19 +579,19 @@ class CatchUpPolicy(BaseModel):
     was asked for.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # the upper bounds are submit-only (a stored policy keeps the values it was accepted with)
 
     policy: Literal["latest", "all", "none"] = "latest"
-    max_runs: SInt = Field(default=100, ge=1, le=1000, description="bound on backfilled runs for `all`")
-    tolerance_seconds: SFloat = Field(
+    max_runs: Annotated[SInt, Field(ge=1), SubmitOnly(Field(le=1000))] = Field(
+        default=100, description="bound on backfilled runs for `all`"
+    )
+    tolerance_seconds: Annotated[SFloat, Field(ge=1), SubmitOnly(Field(le=7 * 86400))] = Field(
         default=60.0,
-        ge=1,
-        le=7 * 86400,
         description="a slot whose run would start more than this many seconds after its due time is missed",
     )
 
 
-class OverlapPolicy(BaseModel):
+class OverlapPolicy(StoredModel):
     """What happens when a run is due while earlier runs of the same job are still active.
 
     ``allow`` (default): runs overlap freely, up to ``max_concurrency`` if set (further runs wait);
@@ -379,10 +602,10 @@ class OverlapPolicy(BaseModel):
     ``concurrencyPolicy``, Temporal ``ScheduleOverlapPolicy``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # the upper bound of max_concurrency is submit-only (a stored policy keeps the value it was accepted with)
 
     policy: Literal["allow", "skip", "buffer_one", "cancel_previous"] = "allow"
-    max_concurrency: SInt | None = Field(default=None, ge=1, le=1000)
+    max_concurrency: Annotated[SInt, Field(ge=1), SubmitOnly(Field(le=1000))] | None = None
 
     @property
     def enforced(self) -> bool:
@@ -397,10 +620,13 @@ class OverlapPolicy(BaseModel):
         return 1 if self.policy != "allow" else 1_000_000
 
 
-class Job(BaseModel):
-    """A job as stored. ``next_fire_at`` is present only while the job has a future fire."""
+class Job(StoredModel):
+    """A job as stored. ``next_fire_at`` is present only while the job has a future fire.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Read a stored row with ``Job.from_stored(row)``, never ``model_validate``: a rollback or a newer writer
+    must never make rows unreadable, so unknown fields (here, in the task, the schedule and the policies) are
+    ignored and submit-only rules skipped (:class:`StoredModel`). ``model_validate`` stays strict.
+    """
 
     job_id: JobId
     tenant: str
@@ -431,10 +657,8 @@ class Job(BaseModel):
     version: int = 1
 
 
-class AttemptRecord(BaseModel):
+class AttemptRecord(StoredModel):
     """What happened to one attempt of a run (the run's history)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     attempt: int
     fencing_token: int
@@ -447,20 +671,21 @@ class AttemptRecord(BaseModel):
     log_key: str | None = None
 
 
-class RunEvent(BaseModel):
+class RunEvent(StoredModel):
     """A notable event on a run that changed nothing, e.g. a stale finish that was rejected."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     at: Instant
     kind: str
     detail: dict[str, str | int | None] = Field(default_factory=dict)
 
 
-class Run(BaseModel):
-    """One due time of one job, with its current attempt's lease."""
+class Run(StoredModel):
+    """One due time of one job, with its current attempt's lease.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Read a stored row with ``Run.from_stored(row)``, never ``model_validate``: a rollback or a newer writer
+    must never make rows unreadable, so unknown fields (here, in the task, the policies, the attempts and the
+    events) are ignored and submit-only rules skipped (:class:`StoredModel`). ``model_validate`` stays strict.
+    """
 
     job_id: JobId
     due_at: Instant

@@ -1,8 +1,10 @@
 """Count every AWS call a process makes, with the item sizes that AWS bills by (for ``bench/``).
 
-Off unless ``DUETIME_CALL_COUNT_DIR`` is set: then :func:`duetime.adapters.aws.clients.client` calls :func:`register` on each
-client it creates, and every call appends one JSON line to ``<dir>/calls-<pid>.jsonl``: service, operation,
-outcome, duration, and what the bill depends on:
+Off unless ``DUETIME_CALL_COUNT_DIR`` is set and the process called :func:`install_from_env` where it starts
+(``duetime local``'s stack, ``duetime worker``, the bench's in-process measurements): then a client hook of
+:mod:`duetime.adapters.aws.clients` calls :func:`register` on each client it creates, and every call appends
+one JSON line to ``<dir>/calls-<pid>.jsonl``: service, operation, outcome, duration, and what the bill
+depends on:
 
 - DynamoDB writes: the item's size before and after (read on the side with an uncounted client, consistent),
   the write units of the table write and of each GSI write, by DynamoDB's rules: 1 WRU per started KB of the
@@ -35,6 +37,8 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from duetime.adapters.aws import clients
+
 #: Environment variable naming the directory that receives ``calls-<pid>.jsonl`` files.
 ENV_VAR = "DUETIME_CALL_COUNT_DIR"
 #: Set to ``light`` to skip the side reads (no DynamoDB write sizes): counts and durations only, for timing.
@@ -52,6 +56,8 @@ _lock = threading.Lock()
 _files: dict[str, Any] = {}
 _side: dict[str, Any] = {}
 _schemas: dict[str, TableSchema] = {}
+#: the client hook :func:`install` added (at most one), to take it away again
+_installed: list[clients.ClientHook] = []
 
 
 # ---- item sizes (pure) ----------------------------------------------------------------------------------
@@ -381,6 +387,34 @@ def register(client: Any, directory: str) -> None:
     events.register(f"before-parameter-build.{service}", recorder.before)
     events.register(f"after-call.{service}", recorder.after)
     client.meta.duetime_callcount = recorder
+
+
+def install(directory: str) -> None:
+    """Count the calls of every client ``duetime.adapters.aws.clients.client`` creates from now on into
+    ``directory`` (replaces an earlier :func:`install`)."""
+    uninstall()
+
+    def hook(client: Any) -> None:
+        register(client, directory)
+
+    clients.add_client_hook(hook)
+    _installed.append(hook)
+
+
+def install_from_env() -> bool:
+    """:func:`install` into ``$DUETIME_CALL_COUNT_DIR`` if it is set (call it where a process starts, before
+    its first client); whether counting is on."""
+    directory = os.environ.get(ENV_VAR)
+    if not directory:
+        return False
+    install(directory)
+    return True
+
+
+def uninstall() -> None:
+    """Stop counting the calls of clients created from now on (those already counting go on)."""
+    while _installed:
+        clients.remove_client_hook(_installed.pop())
 
 
 def flush() -> None:

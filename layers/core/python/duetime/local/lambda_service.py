@@ -41,8 +41,9 @@ from typing import Any
 from urllib.parse import unquote
 
 from duetime.adapters.aws import clients as aws
-from duetime.adapters.aws.s3_logs import S3Logs, log_key
+from duetime.domain.logs import log_key
 from duetime.domain.models import MAX_LAMBDA_TIMEOUT_SECONDS, function_name_of
+from duetime.domain.ports import LogStore
 from duetime.local import lifeline
 
 #: Invocations running at once (more wait their turn, as with a concurrency limit).
@@ -183,7 +184,7 @@ class LocalLambda:
         functions: dict[str, str],
         *,
         destination: Callable[[dict[str, Any]], Any] | None = None,
-        logs: S3Logs | None = None,
+        logs: LogStore | None = None,
         env: dict[str, str] | None = None,
         python_path: list[Path] | None = None,
         concurrency: int = CONCURRENCY,

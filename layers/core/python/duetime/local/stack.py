@@ -35,7 +35,7 @@ from typing import Any
 
 from duetime.adapters.aws.resources import ResourceNames, create_all
 from duetime.config.settings import CONTAINER_TIERS, Settings, get_settings, settings_to_env
-from duetime.local import lifeline
+from duetime.local import callcount, lifeline
 
 STATE_DIR = Path(".duetime")
 #: how long a worker of the stack told to stop may try to hand its run back after its task ended, seconds
@@ -105,10 +105,11 @@ class LocalStack:
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         from duetime.adapters.aws import clients as aws
 
+        callcount.install_from_env()  # bench/: count this process's AWS calls (each worker installs its own)
         aws.reset_clients()
         queue_urls = create_all(names)
         self._enable_step_functions()
-        from duetime.services.timeouts import create_state_machine
+        from duetime.adapters.aws.stepfunctions import create_state_machine
 
         state_machine_arn = create_state_machine(f"{opts.prefix}-timeout-handler")
         settings = Settings(

@@ -13,14 +13,13 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from duetime.adapters.aws.sqs import delay_seconds
-from duetime.config.deps import Deps
 from duetime.config.observability import logger
 from duetime.domain.admission import is_missed, next_fire_after, schedule_of, select_slots
 from duetime.domain.errors import AlreadyClaimedError, StaleClaimError
-from duetime.domain.models import Job, Run, RunState, Trigger
+from duetime.domain.lifecycle import build_run, delay_seconds, message_for
+from duetime.domain.models import Job, Run, Trigger
 from duetime.domain.timeutil import truncate_ms
-from duetime.services.runs import message_for
+from duetime.services.deps import Deps
 
 #: Upper bound on missed slots walked one by one when catching up; past it, only the latest is considered.
 MAX_WALKED_SLOTS = 10_000
@@ -47,36 +46,14 @@ class ClaimResult:
 
 
 def new_run(job: Job, due_at: datetime, deps: Deps, *, trigger: Trigger, missed_slots: int = 0) -> Run:
-    """A fresh PENDING run of ``job`` at ``due_at``, watched from ``due_at + pending_grace``."""
-    now = deps.clock.now()
-    grace = timedelta(seconds=deps.settings.pending_grace_seconds)
-    deadline = (
-        due_at + timedelta(seconds=job.starting_deadline_seconds)
-        if job.starting_deadline_seconds is not None
-        else None
-    )
-    watch_at = max(due_at, now) + grace
-    if deadline is not None:
-        watch_at = min(watch_at, max(deadline, now))
-    return Run(
-        job_id=job.job_id,
-        due_at=due_at,
-        tenant=job.tenant,
-        shard=job.shard,
-        state=RunState.PENDING,
-        attempt=1,
-        max_attempts=job.retry.max_attempts,
-        fencing_token=0,
+    """A fresh PENDING run of ``job`` at ``due_at`` (:func:`duetime.domain.lifecycle.build_run`, now)."""
+    return build_run(
+        job,
+        due_at,
+        now=deps.clock.now(),
+        pending_grace_seconds=deps.settings.pending_grace_seconds,
         trigger=trigger,
-        task=job.task,
-        timeout_seconds=job.timeout_seconds,
-        retry=job.retry,
-        on_timeout=job.on_timeout,
-        overlap=job.overlap,
-        start_deadline_at=deadline,
-        watch_at=watch_at,
         missed_slots=missed_slots,
-        created_at=now,
     )
 
 
@@ -139,7 +116,7 @@ def claim(job: Job, deps: Deps, *, trigger: Trigger = Trigger.SCHEDULE) -> Claim
 
     Raises:
         ValueError: if the job has no ``next_fire_at``.
-        botocore ClientError: on AWS faults other than the expected condition failures (the next tick
+        the store's faults other than the expected condition failures (the next tick
             retries; each step is idempotent).
     """
     if job.next_fire_at is None:
@@ -170,7 +147,7 @@ def claim(job: Job, deps: Deps, *, trigger: Trigger = Trigger.SCHEDULE) -> Claim
     next_fire_at = next_fire_after(job, last_handled)
     advanced = True
     try:
-        deps.store.advance_job(
+        deps.store.advance(
             job.job_id, claimed=claimed, next_fire_at=next_fire_at, now=now, missed=missed
         )  # step 2
     except StaleClaimError:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import uuid
 import zlib
 from collections.abc import Callable
@@ -14,15 +12,6 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ValidationError
 
-from duetime.adapters.aws.dynamodb import ConditionFailedError, Update
-from duetime.adapters.aws.resources import (
-    ACTIVE_INDEX_PK,
-    DEAD_LETTER_INDEX_PK,
-    DEAD_LETTER_INDEX_SK,
-    RUNS_PK,
-    RUNS_SK,
-)
-from duetime.config.deps import Deps
 from duetime.config.observability import logger
 from duetime.domain.admission import SLOT_TRIGGERS, next_fire_after, parse_spec, schedule_of, select_slots
 from duetime.domain.api_models import CreateJobRequest, SchedulePreviewResponse, UpdateJobRequest
@@ -34,6 +23,8 @@ from duetime.domain.errors import (
     RequestFieldError,
     ScheduleError,
 )
+from duetime.domain.lifecycle import message_for
+from duetime.domain.logs import log_key
 from duetime.domain.models import (
     MAX_LAMBDA_TIMEOUT_SECONDS,
     CatchUpPolicy,
@@ -52,12 +43,13 @@ from duetime.domain.models import (
 from duetime.domain.schedules import DstPolicy, parse_schedule
 from duetime.domain.timeutil import truncate_ms
 from duetime.services.claims import MAX_WALKED_SLOTS, claim_until, new_run
+from duetime.services.deps import Deps
 from duetime.services.runs import (
     HOLD_RECHECK_SECONDS,
+    all_runs,
     cancel,
     held_runs,
     hold,
-    message_for,
     release_held,
     settle_claimed_ahead,
 )
@@ -145,12 +137,9 @@ def _admit_submit(tenant: str, deps: Deps) -> None:
     Raises:
         QuotaExceededError: with ``retry_after`` = seconds until the next minute starts.
     """
-    table = deps.settings.idempotency_table
-    if table is None:
-        return
     now = deps.clock.now()
     minute = now.replace(second=0, microsecond=0)
-    if not deps.store.count_submit(table, tenant, minute, limit=deps.settings.tenant_submits_per_minute):
+    if not deps.store.count_submit(tenant, minute, limit=deps.settings.tenant_submits_per_minute):
         retry_after = max(1, 60 - now.second)
         raise QuotaExceededError(
             f"tenant {tenant!r} submitted {deps.settings.tenant_submits_per_minute} jobs this minute, its quota; "
@@ -190,8 +179,6 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
         NotFoundError: the run is not the caller's, ``attempt`` never happened, or it ended without leaving
             any log (neither a final object nor a streamed chunk).
     """
-    from duetime.adapters.aws.s3_logs import log_key
-
     run = get_run(run_id, tenant=tenant, deps=deps)
     # every ended attempt, with the key its worker wrote to: recorded, or (a lost worker's attempt recorded
     # without one) the key it streams under anyway
@@ -234,13 +221,7 @@ def list_dead_letters(
     Raises:
         RequestFieldError: ``next_token`` is not a token of this tenant's dead-letter list.
     """
-    start = decode_token(
-        next_token,
-        expected=(RUNS_PK, RUNS_SK, DEAD_LETTER_INDEX_PK, DEAD_LETTER_INDEX_SK),
-        must_match={DEAD_LETTER_INDEX_PK: tenant},
-    )
-    found, key = deps.store.query_dead_letters(tenant, limit=limit, start_key=start)
-    return found, encode_token(key)
+    return deps.store.query_dead_letters(tenant, limit=limit, page_token=next_token)
 
 
 def redrive(run_id: str, *, tenant: str, deps: Deps) -> Run:
@@ -264,35 +245,11 @@ def redrive(run_id: str, *, tenant: str, deps: Deps) -> Run:
             f"run {run_id} is {run.state.value}: only a dead-lettered or timed-out run can be retried"
         )
     now = deps.clock.now()
-    upd = Update(conditions={"state": run.state.value, "attempt": run.attempt})
-    upd.sets.update(
-        state=RunState.PENDING.value,
-        attempt=run.attempt + 1,
-        max_attempts=run.attempt + run.retry.max_attempts,
-        budget_from_attempt=run.attempt + 1,
-        dead_lettered=False,
-        trigger=Trigger.RETRY.value,
-        watch_at=now + timedelta(seconds=deps.settings.pending_grace_seconds),
-        watch_shard=run.shard,
+    redriven = deps.store.redrive(
+        run, now=now, watch_at=now + timedelta(seconds=deps.settings.pending_grace_seconds)
     )
-    if run.overlap.enforced:
-        upd.sets[ACTIVE_INDEX_PK] = run.job_id
-    upd.removes.extend(
-        [
-            "dead_lettered_at",
-            DEAD_LETTER_INDEX_PK,
-            "finished_at",
-            "exit_code",
-            "error",
-            "timeout_action",
-            "timeout_outcome",
-        ]
-    )
-    upd.appends["events"] = [{"at": now, "kind": "redriven", "detail": {"attempt": run.attempt + 1}}]
-    try:
-        redriven = deps.store.update_run(run.job_id, run.due_at, upd)
-    except ConditionFailedError:
-        raise ConflictError(f"run {run_id} changed meanwhile; read it again") from None
+    if redriven is None:
+        raise ConflictError(f"run {run_id} changed meanwhile; read it again")
     _after_commit(
         "send", {"run_id": run_id}, lambda: deps.queues.send(redriven.task.tier, message_for(redriven))
     )
@@ -335,41 +292,6 @@ def preview_schedule(
 
 
 # ---- listing -------------------------------------------------------------------------------------------
-def encode_token(key: dict[str, Any] | None) -> str | None:
-    """An opaque pagination token for a DynamoDB key (URL-safe base64 of its JSON)."""
-    if key is None:
-        return None
-    return base64.urlsafe_b64encode(json.dumps(key, sort_keys=True).encode()).decode().rstrip("=")
-
-
-def decode_token(
-    token: str | None, *, expected: tuple[str, ...], must_match: dict[str, str] | None = None
-) -> dict[str, Any] | None:
-    """The key inside a token from :func:`encode_token`: exactly ``expected`` attributes, each a string
-    (``{"S": ...}``), and those in ``must_match`` equal to the given values (the caller's tenant or job).
-
-    Raises:
-        RequestFieldError: the token is not one this API issued for this list (field ``next_token``).
-    """
-    if not token:
-        return None
-    try:
-        key = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        if not isinstance(key, dict) or set(key) != set(expected):
-            raise ValueError("unexpected key")
-        for name, value in key.items():
-            if not isinstance(value, dict) or set(value) != {"S"} or not isinstance(value["S"], str):
-                raise ValueError(f"{name} is not a string")
-        for name, wanted in (must_match or {}).items():
-            if key[name]["S"] != wanted:
-                raise ValueError(f"{name} does not match")
-        return key
-    except (ValueError, TypeError):
-        raise RequestFieldError(
-            "next_token: not a token from this list; start again without it", "next_token"
-        ) from None
-
-
 def describe_job(job: Job, deps: Deps, *, previews: int = 3) -> tuple[list[datetime], Run | None]:
     """The job's next ``previews`` fire times (UTC) and its most recent run (one Query)."""
     fires: list[datetime] = []
@@ -392,13 +314,9 @@ def list_jobs(
     name_prefix: str | None = None,
 ) -> tuple[list[Job], str | None]:
     """The caller's jobs, newest first (DELETED ones only when ``state=DELETED``), and the next page's token."""
-    start = decode_token(
-        next_token, expected=("job_id", "tenant", "created_at"), must_match={"tenant": tenant}
+    return deps.store.list_jobs(
+        tenant, limit=limit, page_token=next_token, state=state, name_prefix=name_prefix
     )
-    found, key = deps.store.list_jobs(
-        tenant, limit=limit, start_key=start, state=state, name_prefix=name_prefix
-    )
-    return found, encode_token(key)
 
 
 def query_runs(
@@ -414,11 +332,9 @@ def query_runs(
 ) -> tuple[list[Run], str | None]:
     """The job's runs, newest due time first, filtered by state and due-time window; and the next token."""
     get_job(job_id, tenant=tenant, deps=deps)
-    start = decode_token(next_token, expected=("job_id", "due_at"), must_match={"job_id": job_id})
-    found, key = deps.store.query_runs(
-        job_id, limit=limit, start_key=start, state=state, since=since, until=until
+    return deps.store.query_runs(
+        job_id, limit=limit, page_token=next_token, state=state, since=since, until=until
     )
-    return found, encode_token(key)
 
 
 # ---- lifecycle -----------------------------------------------------------------------------------------
@@ -630,7 +546,7 @@ def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
         if run.trigger in SLOT_TRIGGERS and (run.held is not None or hold(job_id, run.due_at, deps)):
             known.append(run.due_at)
     slots = _slots_between(job, job.paused_next_fire_at, now)
-    claimed = {r.due_at for r in _runs_between(job_id, deps, since=slots[0], until=now)} if slots else set()
+    claimed = {r.due_at for r in all_runs(job_id, deps, since=slots[0], until=now)} if slots else set()
     unclaimed = [d for d in slots if d not in claimed]  # (a tick may have claimed one just before the pause)
     held = sorted({*known, *(r.due_at for r in held_runs(job_id, deps))})
     kept, dropped = select_slots([*held, *unclaimed], job.catch_up)
@@ -674,23 +590,8 @@ def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
 
 def _pending_first_attempts(job_id: str, deps: Deps, *, since: datetime, until: datetime) -> list[Run]:
     """The job's PENDING first attempts due in ``[since, until]`` (one Query of the job's runs)."""
-    pending = _runs_between(job_id, deps, since=since, until=until, state=RunState.PENDING.value)
+    pending = all_runs(job_id, deps, since=since, until=until, state=RunState.PENDING)
     return [r for r in pending if r.attempt == 1]
-
-
-def _runs_between(
-    job_id: str, deps: Deps, *, since: datetime, until: datetime, state: str | None = None
-) -> list[Run]:
-    """The job's runs due in ``[since, until]`` (of ``state``), every page."""
-    found: list[Run] = []
-    token: dict[str, Any] | None = None
-    while True:
-        page, token = deps.store.query_runs(
-            job_id, limit=100, start_key=token, state=state, since=since, until=until
-        )
-        found += page
-        if token is None:
-            return found
 
 
 def _slots_between(job: Job, first: datetime | None, now: datetime) -> list[datetime]:
@@ -756,13 +657,8 @@ def delete_job(job_id: str, *, tenant: str, deps: Deps, cancel_running: bool = F
             deps.store.add_active_jobs(tenant, -1)
         job = deleted
     if cancel_running:
-        token: dict[str, Any] | None = None
-        while True:
-            active, token = deps.store.query_runs(job_id, limit=100, start_key=token, active_only=True)
-            for run in active:
-                cancel(run.job_id, run.due_at, deps, reason="job deleted with cancel_running=true")
-            if token is None:
-                break
+        for run in list(all_runs(job_id, deps, active_only=True)):
+            cancel(run.job_id, run.due_at, deps, reason="job deleted with cancel_running=true")
     # no further runs: those claimed ahead or held by a pause end SKIPPED (deleted) now; any other PENDING
     # first attempt is skipped when its start re-checks the job
     since = deps.clock.now() - timedelta(seconds=deps.settings.tick_lookahead_seconds)

@@ -31,18 +31,14 @@ import json
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from aws_lambda_powertools.utilities.parser.models import SqsRecordModel
-from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel, ConfigDict, Field, Json, JsonValue, ValidationError
 
-from duetime.adapters.aws import clients as aws
-from duetime.adapters.aws.dynamodb import json_text
-from duetime.adapters.aws.s3_logs import log_key
-from duetime.config.deps import Deps
 from duetime.config.observability import logger
 from duetime.domain.errors import InvokeError, LeaseLostError, StartRejectedError
+from duetime.domain.logs import log_key
 from duetime.domain.models import (
     MAX_LAMBDA_TIMEOUT_SECONDS,
     MAX_RESULT_BYTES,
@@ -52,8 +48,11 @@ from duetime.domain.models import (
     RunMessage,
     RunState,
     function_name_of,
+    json_text,
     parse_run_id,
 )
+from duetime.domain.ports import LambdaInvoker
+from duetime.services.deps import Deps
 from duetime.services.runs import finish, start
 
 #: A Lambda run's lease: its timeout plus this margin (the destination record arrives after the function).
@@ -115,34 +114,6 @@ class RunMessageRecord(SqsRecordModel):
     body: Json[RunMessage]
 
 
-class LambdaInvoker(Protocol):
-    """Invokes a function asynchronously; the boto3 adapter is :class:`BotoLambdaInvoker`."""
-
-    def invoke_event(self, function: str, payload: bytes) -> str:
-        """Queue one asynchronous invocation; returns its request id.
-
-        Raises:
-            InvokeError: Lambda refused it (its error code is ``code``).
-        """
-        ...
-
-
-class BotoLambdaInvoker:
-    """``lambda:InvokeFunction`` with ``InvocationType="Event"`` through the process's cached client
-    (locally, ``AWS_ENDPOINT_URL_LAMBDA`` points it at the local stack's Lambda runtime)."""
-
-    def invoke_event(self, function: str, payload: bytes) -> str:
-        try:
-            out = aws.client("lambda").invoke(FunctionName=function, InvocationType="Event", Payload=payload)
-        except ClientError as exc:
-            error = exc.response.get("Error", {})
-            code = str(error.get("Code") or "ClientError")
-            raise InvokeError(f"{code}: {error.get('Message') or exc}", code) from None
-        except BotoCoreError as exc:
-            raise InvokeError(f"{type(exc).__name__}: {exc}", type(exc).__name__) from None
-        return str(out.get("ResponseMetadata", {}).get("RequestId", ""))
-
-
 class DispatchOutcome(StrEnum):
     INVOKED = "invoked"
     #: a duplicate, stale or early delivery, or one the overlap policy kept from starting
@@ -155,7 +126,7 @@ def dispatch(message: RunMessage, deps: Deps, invoker: LambdaInvoker, *, owner: 
     """Claim the run ``message`` wakes up and invoke its function once, asynchronously.
 
     Raises:
-        botocore ClientError: a DynamoDB fault before the claim (the record fails; SQS redelivers it).
+        the store's fault before the claim (the record fails; SQS redelivers it).
     """
     timeout = message.timeout_seconds or MAX_LAMBDA_TIMEOUT_SECONDS
     try:
@@ -322,7 +293,7 @@ def finish_from_record(record: DestinationRecord, deps: Deps) -> FinishResult:
     Never raises for a record it cannot use (logged and ignored: Lambda would only retry it).
 
     Raises:
-        botocore ClientError: a DynamoDB fault (Lambda retries the destination invocation).
+        the store's fault (Lambda retries the destination invocation).
     """
     try:
         envelope = RunEnvelope.model_validate(record.requestPayload)
@@ -416,7 +387,6 @@ def _write_log(record: DestinationRecord, envelope: RunEnvelope, outcome: Outcom
 
 __all__ = [
     "LAMBDA_LEASE_MARGIN_SECONDS",
-    "BotoLambdaInvoker",
     "DestinationRecord",
     "DispatchOutcome",
     "FinishResult",

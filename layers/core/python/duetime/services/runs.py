@@ -1,6 +1,6 @@
 """Run lifecycle: start, heartbeat, finish, retry and lease expiry (DESIGN.md section 5).
 
-Every transition is one conditional update in :class:`~duetime.adapters.aws.dynamodb.DynamoStore`:
+Every transition is one conditional write through the run store port (:class:`duetime.domain.ports.RunStore`):
 - start: ``PENDING -> RUNNING`` if state = PENDING and attempt = expected; ``fencing_token += 1``.
 - heartbeat: extends the lease only while state = RUNNING and the fencing token is the caller's.
 - finish: to a terminal state (or RETRY_WAIT) only under the caller's fencing token; a stale finish is
@@ -9,17 +9,12 @@ Every transition is one conditional update in :class:`~duetime.adapters.aws.dyna
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import suppress
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from duetime.adapters.aws.dynamodb import ConditionFailedError, Update, terminal_removals
-from duetime.adapters.aws.resources import ACTIVE_INDEX_PK, RUNNING_INDEX_PK, SQS_MAX_DELAY_SECONDS
-from duetime.adapters.aws.s3_logs import log_key
-from duetime.adapters.aws.sqs import delay_seconds
-from duetime.config.deps import Deps
 from duetime.config.observability import emit_metric, logger
 from duetime.domain import admission
 from duetime.domain.admission import (
@@ -32,12 +27,21 @@ from duetime.domain.admission import (
     select_slots,
 )
 from duetime.domain.errors import AlreadyClaimedError, LeaseLostError, StartRejectedError
-from duetime.domain.models import AttemptRecord, Job, JobState, Run, RunMessage, RunState, Trigger
-from duetime.domain.retries import backoff_delay
-from duetime.domain.timeutil import truncate_ms
+from duetime.domain.lifecycle import (
+    FINISH_STATES,
+    INTERRUPTED_REASON,
+    MAX_FREE_INTERRUPTIONS,
+    MAX_MESSAGE_DELAY_SECONDS,
+    decide_attempt_end,
+    delay_seconds,
+    message_for,
+    timeout_triggered_run,
+)
+from duetime.domain.logs import log_key
+from duetime.domain.models import AttemptRecord, Job, JobState, Run, RunMessage, RunState
+from duetime.services.deps import Deps
 
-#: outcomes a worker may report at finish
-FINISH_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.TIMED_OUT})
+__all__ = ["FINISH_STATES", "INTERRUPTED_REASON", "MAX_FREE_INTERRUPTIONS"]
 
 
 #: how long a run whose tenant is at its RUNNING quota waits before its start is tried again, seconds
@@ -98,7 +102,7 @@ def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float |
     if deadline_at is not None:
         watch_at = min(watch_at, handler_due_at(deadline_at, message.kill_grace_seconds, deps))
     try:
-        started = deps.store.start_run(
+        started = deps.store.start(
             message.job_id,
             message.due_at,
             attempt=message.attempt,
@@ -177,13 +181,14 @@ def hold(job_id: str, due_at: datetime, deps: Deps) -> Run | None:
     HOLD_RECHECK_SECONDS (the sweeper's backstop). Returns None if the run moved on meanwhile.
     """
     now = deps.clock.now()
-    upd = Update(conditions={"state": RunState.PENDING.value, "attempt": 1, "held": None})
-    upd.sets.update(held=admission.PAUSED, watch_at=now + timedelta(seconds=HOLD_RECHECK_SECONDS))
-    upd.sets[ACTIVE_INDEX_PK] = job_id
-    upd.appends["events"] = [{"at": now, "kind": "held", "detail": {"reason": admission.PAUSED}}]
-    try:
-        held = deps.store.update_run(job_id, due_at, upd)
-    except ConditionFailedError:
+    held = deps.store.hold(
+        job_id,
+        due_at,
+        reason=admission.PAUSED,
+        now=now,
+        recheck_at=now + timedelta(seconds=HOLD_RECHECK_SECONDS),
+    )
+    if held is None:
         return None
     logger.info("run held: job paused", extra={"run_id": held.run_id})
     return held
@@ -251,16 +256,10 @@ def release_held(
     released = 0
     now = deps.clock.now()
     for due_at in kept:
-        run = by_due[due_at]
-        upd = Update(conditions={"state": RunState.PENDING.value, "attempt": run.attempt, "held": run.held})
-        upd.sets["watch_at"] = now + timedelta(seconds=deps.settings.pending_grace_seconds)
-        upd.removes.append("held")
-        if not run.overlap.enforced:
-            upd.removes.append(ACTIVE_INDEX_PK)
-        upd.appends["events"] = [{"at": now, "kind": "released", "detail": {"reason": "resumed"}}]
-        try:
-            released_run = deps.store.update_run(run.job_id, run.due_at, upd)
-        except ConditionFailedError:
+        released_run = deps.store.release_held(
+            by_due[due_at], now=now, watch_at=now + timedelta(seconds=deps.settings.pending_grace_seconds)
+        )
+        if released_run is None:
             continue
         deps.queues.send(released_run.task.tier, message_for(released_run))
         released += 1
@@ -276,22 +275,45 @@ def settle_claimed_ahead(job: Job | None, job_id: str, deps: Deps, *, since: dat
     """
     schedule = schedule_of(job) if job is not None else None
     skipped = 0
-    token = None
+    for run in all_runs(job_id, deps, state=RunState.PENDING, since=since):
+        if run.attempt != 1 or run.held is not None:
+            continue
+        verdict = admit(
+            job=job, due_at=run.due_at, trigger=run.trigger, attempt=1, now=run.due_at, schedule=schedule
+        )
+        if verdict.verdict is Verdict.SKIP and verdict.reason in (
+            admission.DELETED,
+            admission.SCHEDULE_CHANGED,
+        ):
+            skipped += skip(run, deps, reason=verdict.reason) is not None
+    return skipped
+
+
+def all_runs(
+    job_id: str,
+    deps: Deps,
+    *,
+    state: RunState | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    active_only: bool = False,
+) -> Iterator[Run]:
+    """Every run of the job due in ``[since, until]`` (of ``state``; ``active_only``: not terminal), newest
+    due time first, read page by page (100 runs a page)."""
+    token: str | None = None
     while True:
-        found, token = deps.store.query_runs(job_id, limit=100, start_key=token, state="PENDING", since=since)
-        for run in found:
-            if run.attempt != 1 or run.held is not None:
-                continue
-            verdict = admit(
-                job=job, due_at=run.due_at, trigger=run.trigger, attempt=1, now=run.due_at, schedule=schedule
-            )
-            if verdict.verdict is Verdict.SKIP and verdict.reason in (
-                admission.DELETED,
-                admission.SCHEDULE_CHANGED,
-            ):
-                skipped += skip(run, deps, reason=verdict.reason) is not None
+        page, token = deps.store.query_runs(
+            job_id,
+            limit=100,
+            page_token=token,
+            state=state.value if state is not None else None,
+            since=since,
+            until=until,
+            active_only=active_only,
+        )
+        yield from page
         if token is None:
-            return skipped
+            return
 
 
 def _apply_overlap(message: RunMessage, deps: Deps) -> None:
@@ -327,10 +349,13 @@ def _wait(run: Run, deps: Deps) -> None:
     """Leave a run PENDING behind its active predecessors; the sweeper re-checks it after one grace period."""
     if run.state is not RunState.PENDING:
         return
-    upd = Update(conditions={"state": RunState.PENDING.value, "attempt": run.attempt})
-    upd.sets["watch_at"] = deps.clock.now() + timedelta(seconds=deps.settings.pending_grace_seconds)
-    with suppress(ConditionFailedError):
-        deps.store.update_run(run.job_id, run.due_at, upd)
+    deps.store.defer_pending(
+        run.job_id,
+        run.due_at,
+        attempt=run.attempt,
+        held=run.held,
+        watch_at=deps.clock.now() + timedelta(seconds=deps.settings.pending_grace_seconds),
+    )
 
 
 def skip(run: Run, deps: Deps, *, reason: str) -> Run | None:
@@ -343,14 +368,8 @@ def skip_pending(job_id: str, due_at: datetime, deps: Deps, *, attempt: int, rea
 
     Returns the run as stored, or None if it was not PENDING at that attempt (it moved on meanwhile).
     """
-    now = deps.clock.now()
-    upd = Update(conditions={"state": RunState.PENDING.value, "attempt": attempt})
-    upd.sets.update(state=RunState.SKIPPED.value, finished_at=now, error=reason)
-    upd.removes.extend(terminal_removals())
-    upd.appends["events"] = [{"at": now, "kind": "skipped", "detail": {"reason": reason}}]
-    try:
-        skipped = deps.store.update_run(job_id, due_at, upd)
-    except ConditionFailedError:
+    skipped = deps.store.skip_pending(job_id, due_at, attempt=attempt, reason=reason, now=deps.clock.now())
+    if skipped is None:
         return None
     logger.info("run skipped", extra={"run_id": skipped.run_id, "reason": reason})
     after_terminal(skipped, deps)
@@ -366,11 +385,7 @@ def cancel(job_id: str, due_at: datetime, deps: Deps, *, reason: str) -> Run | N
         if run is None or run.state.terminal:
             return None
         now = deps.clock.now()
-        upd = Update(conditions={"state": run.state.value, "fencing_token": run.fencing_token})
-        upd.sets.update(state=RunState.CANCELLED.value, finished_at=now, error=reason)
-        upd.adds["fencing_token"] = 1
-        upd.removes.extend(terminal_removals())
-        upd.appends["events"] = [{"at": now, "kind": "cancelled", "detail": {"reason": reason}}]
+        record = None
         if run.state is RunState.RUNNING:
             record = AttemptRecord(
                 attempt=run.attempt,
@@ -382,10 +397,8 @@ def cancel(job_id: str, due_at: datetime, deps: Deps, *, reason: str) -> Run | N
                 reason="cancelled",
                 log_key=log_key(run.job_id, run.run_id, run.attempt),
             )
-            upd.appends["attempts"] = [record.model_dump(mode="python", exclude_none=True)]
-        try:
-            cancelled = deps.store.update_run(job_id, due_at, upd)
-        except ConditionFailedError:
+        cancelled = deps.store.cancel(run, reason=reason, now=now, record=record)
+        if cancelled is None:
             continue
         logger.info("run cancelled", extra={"run_id": cancelled.run_id, "reason": reason})
         after_terminal(cancelled, deps)
@@ -401,21 +414,6 @@ def after_terminal(run: Run, deps: Deps) -> None:
         waiting = deps.store.get_run(run.job_id, due_at)
         if waiting is not None and waiting.state is RunState.PENDING:
             deps.queues.send(waiting.task.tier, message_for(waiting))
-
-
-def message_for(run: Run, *, attempt: int | None = None) -> RunMessage:
-    """The wake-up message of ``run``'s current (or the given) attempt."""
-    return RunMessage(
-        job_id=run.job_id,
-        due_at=run.due_at,
-        attempt=attempt or run.attempt,
-        overlap=run.overlap.enforced,
-        timeout_seconds=run.timeout_seconds,
-        kill_grace_seconds=run.on_timeout.kill_grace_seconds,
-        tenant=run.tenant,
-        tier=run.task.tier,
-        trigger=run.trigger,
-    )
 
 
 def handler_due_at(deadline_at: datetime, kill_grace_seconds: float, deps: Deps) -> datetime:
@@ -484,24 +482,24 @@ def finish(
     if outcome not in FINISH_STATES:
         raise ValueError(f"cannot finish a run as {outcome}")
     now = deps.clock.now()
-    upd = _attempt_end_update(
-        run,
-        deps,
-        now=now,
-        fencing_token=fencing_token,
-        outcome=outcome,
-        exit_code=exit_code,
-        error=error,
-        log_key=log_key,
-        reason=reason,
-        worker=run.lease_owner,
+    end = replace(
+        decide_attempt_end(
+            run,
+            outcome=outcome,
+            now=now,
+            fencing_token=fencing_token,
+            pending_grace_seconds=deps.settings.pending_grace_seconds,
+            worker=run.lease_owner,
+            exit_code=exit_code,
+            error=error,
+            log_key=log_key,
+            reason=reason,
+        ),
+        result_json=result_json,
+        result_truncated=result_truncated,
     )
-    if result_json is not None:
-        upd.sets["result"] = result_json  # stored as JSON text (store.py)
-    if result_truncated:
-        upd.sets["result_truncated"] = True
     try:
-        ended = deps.store.fenced_transition(run.job_id, run.due_at, fencing_token=fencing_token, update=upd)
+        ended = deps.store.end_attempt(end)
     except LeaseLostError:
         deps.store.record_event(
             run.job_id,
@@ -535,8 +533,6 @@ def trigger_on_timeout(run: Run, deps: Deps) -> Run | None:
     Its due time is the timed-out attempt's deadline, so a repeated handler finds the same run instead of
     making a second. Returns None if the job to trigger no longer exists or belongs to another tenant.
     """
-    from duetime.services.claims import new_run  # claims imports this module
-
     target_id = run.on_timeout.job_id
     target = deps.store.get_job(target_id) if target_id else None
     if not triggerable(target, run.tenant):
@@ -545,9 +541,8 @@ def trigger_on_timeout(run: Run, deps: Deps) -> Run | None:
         )
         return None
     assert target is not None
-    due_at = truncate_ms(run.deadline_at or run.finished_at or deps.clock.now())
-    triggered = new_run(target, due_at, deps, trigger=Trigger.TIMEOUT_HANDLER).model_copy(
-        update={"triggered_by": run.run_id}
+    triggered = timeout_triggered_run(
+        run, target, now=deps.clock.now(), pending_grace_seconds=deps.settings.pending_grace_seconds
     )
     try:
         deps.store.put_new_run(triggered)
@@ -578,101 +573,8 @@ def send_retry_wake_up(run: Run, deps: Deps) -> None:
     if run.state is not RunState.RETRY_WAIT or run.retry_at is None:
         return
     delay = delay_seconds(run.retry_at, deps.clock.now())
-    if (run.retry_at - deps.clock.now()).total_seconds() <= SQS_MAX_DELAY_SECONDS:
+    if (run.retry_at - deps.clock.now()).total_seconds() <= MAX_MESSAGE_DELAY_SECONDS:
         deps.queues.send(run.task.tier, message_for(run, attempt=run.attempt + 1), delay=delay)
-
-
-#: the attempt reason a worker records when it was told to stop (SIGTERM) and stopped its task
-INTERRUPTED_REASON = "worker_stopped"
-#: interrupted attempts of one run that do not count against its max_attempts
-MAX_FREE_INTERRUPTIONS = 5
-
-
-def _attempt_end_update(
-    run: Run,
-    deps: Deps,
-    *,
-    now: datetime,
-    fencing_token: int,
-    outcome: RunState,
-    exit_code: int | None,
-    error: str | None,
-    log_key: str | None,
-    reason: str | None,
-    worker: str | None,
-) -> Update:
-    """The update that ends the current attempt (shared by finish and lease expiry)."""
-    record = AttemptRecord(
-        attempt=run.attempt,
-        fencing_token=fencing_token,
-        worker=worker,
-        started_at=run.started_at,
-        finished_at=now,
-        state=outcome,
-        exit_code=exit_code,
-        reason=reason,
-        log_key=log_key,
-    )
-    upd = Update()
-    upd.appends["attempts"] = [record.model_dump(mode="python", exclude_none=True)]
-    upd.sets.update(finished_at=now, exit_code=exit_code, error=error, log_key=log_key)
-    for attr in ("exit_code", "error", "log_key"):
-        if upd.sets[attr] is None:
-            del upd.sets[attr]
-            upd.removes.append(attr)
-    retryable = outcome is RunState.FAILED or (
-        outcome is RunState.TIMED_OUT and run.on_timeout.action == "retry"
-    )
-    if outcome is RunState.TIMED_OUT:
-        upd.sets["timeout_action"] = run.on_timeout.action
-    # an attempt its worker was told to stop (SIGTERM: a deploy, a scale-in, a stack restart) did not fail:
-    # it goes back at once without using up an attempt (Kubernetes' podFailurePolicy `Ignore` for
-    # DisruptionTarget), at most MAX_FREE_INTERRUPTIONS times per run; after that it counts as a failure
-    interrupted_before = min(
-        MAX_FREE_INTERRUPTIONS, sum(1 for a in run.attempts if a.reason == INTERRUPTED_REASON)
-    )
-    # the backoff counts the attempts of the current budget (a re-drive starts a fresh one)
-    interrupted_in_budget = min(
-        MAX_FREE_INTERRUPTIONS,
-        sum(
-            1 for a in run.attempts if a.reason == INTERRUPTED_REASON and a.attempt >= run.budget_from_attempt
-        ),
-    )
-    failed_in_budget = run.attempt - run.budget_from_attempt + 1 - interrupted_in_budget
-    free = (
-        outcome is RunState.FAILED
-        and reason == INTERRUPTED_REASON
-        and interrupted_before < MAX_FREE_INTERRUPTIONS
-    )
-    max_attempts = run.max_attempts + 1 if free else run.max_attempts
-    if retryable and run.attempt < max_attempts:
-        # the backoff grows with the attempts that failed, not with those given back for free
-        delay = 0.0 if free else backoff_delay(run.retry, max(1, failed_in_budget))
-        if free:
-            upd.sets["max_attempts"] = max_attempts
-        retry_at = now + timedelta(seconds=delay)
-        # a delayed message wakes the retry up directly; the sweeper is the backstop one grace period later
-        backstop = deps.settings.pending_grace_seconds if delay <= SQS_MAX_DELAY_SECONDS else 0.0
-        upd.sets.update(
-            state=RunState.RETRY_WAIT.value,
-            retry_at=retry_at,
-            watch_at=retry_at + timedelta(seconds=backstop),
-        )
-        if outcome is RunState.TIMED_OUT:
-            upd.sets["timeout_outcome"] = f"attempt {run.attempt + 1} after a {delay:.1f} s backoff"
-        upd.removes.extend(["lease_owner", "lease_expires_at", "deadline_at", RUNNING_INDEX_PK])
-    else:
-        upd.sets["state"] = outcome.value
-        if retryable:  # out of attempts
-            upd.sets.update(dead_lettered=True, dead_lettered_at=now, dead_letter_tenant=run.tenant)
-        if outcome is RunState.TIMED_OUT:
-            upd.sets["timeout_outcome"] = {
-                "retry": "no attempts left: dead-lettered",
-                "fail": "failed, no retry",
-                "trigger": f"triggered job {run.on_timeout.job_id}",
-            }[run.on_timeout.action]
-        upd.removes.extend(terminal_removals())
-    return upd
 
 
 def expire_lease(run: Run, deps: Deps) -> Run:
@@ -684,21 +586,18 @@ def expire_lease(run: Run, deps: Deps) -> Run:
         LeaseLostError: the run changed meanwhile (heartbeat renewed it, or it finished): nothing applied.
     """
     now = deps.clock.now()
-    upd = _attempt_end_update(
+    end = decide_attempt_end(
         run,
-        deps,
+        outcome=RunState.FAILED,
         now=now,
         fencing_token=run.fencing_token,
-        outcome=RunState.FAILED,
-        exit_code=None,
+        pending_grace_seconds=deps.settings.pending_grace_seconds,
+        worker=run.lease_owner,
         error="worker lost: lease expired without a heartbeat",
         # the worker streamed the attempt's output in chunks while it ran: what it sent before dying stays
         log_key=log_key(run.job_id, run.run_id, run.attempt),
         reason="worker_lost",
-        worker=run.lease_owner,
-    )
-    upd.adds["fencing_token"] = 1
-    upd.extra_condition = f"{upd.name('lease_expires_at')} <= {upd.value('now', now)}"
-    ended = deps.store.fenced_transition(run.job_id, run.due_at, fencing_token=run.fencing_token, update=upd)
+    ).with_fence(lease_expired_by=now)
+    ended = deps.store.end_attempt(end)
     after_attempt_end(ended, deps)
     return ended

@@ -19,20 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from duetime.adapters.aws.dynamodb import ConditionFailedError, Update
-from duetime.adapters.aws.sqs import delay_seconds
-from duetime.config.deps import Deps
 from duetime.config.observability import logger
 from duetime.domain.errors import LeaseLostError
+from duetime.domain.lifecycle import delay_seconds, message_for
 from duetime.domain.models import JobState, Run, RunState
-from duetime.services.runs import (
-    HOLD_RECHECK_SECONDS,
-    expire_lease,
-    handler_due_at,
-    message_for,
-    release_held,
-    skip,
-)
+from duetime.services.deps import Deps
+from duetime.services.runs import HOLD_RECHECK_SECONDS, expire_lease, handler_due_at, release_held, skip
 from duetime.services.timeouts import start_handler
 
 
@@ -54,7 +46,7 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
     """Sweep one shard's overdue runs. Safe to run concurrently with itself, ticks and workers."""
     now = deps.clock.now()
     result = SweepResult(shard=shard)
-    for run in deps.store.query_watch(shard, now):
+    for run in deps.store.query_overdue(shard, now):
         try:
             if run.state is RunState.PENDING and run.held is not None:
                 _recheck_held(run, deps)
@@ -63,9 +55,10 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
                 if run.attempt == 1 and run.start_deadline_at is not None and now > run.start_deadline_at:
                     skip(run, deps, reason="starting_deadline_exceeded")
                     result.deadline_skipped += 1
-                else:
-                    _resend(run, deps)
+                elif _resend(run, deps):
                     result.resent += 1
+                else:
+                    result.skipped += 1
             elif run.state is RunState.RUNNING:
                 if run.deadline_at is not None and now >= handler_due_at(
                     run.deadline_at, run.on_timeout.kill_grace_seconds, deps
@@ -79,11 +72,13 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
                 else:
                     result.skipped += 1
             elif run.state is RunState.RETRY_WAIT:
-                _release_retry(run, deps)
-                result.retries_released += 1
+                if _release_retry(run, deps):
+                    result.retries_released += 1
+                else:
+                    result.skipped += 1
             else:
                 result.skipped += 1
-        except (ConditionFailedError, LeaseLostError):
+        except LeaseLostError:
             result.skipped += 1  # someone else moved the run on meanwhile: nothing to do
     return result
 
@@ -93,35 +88,47 @@ def _recheck_held(run: Run, deps: Deps) -> None:
     as the resume would have (the backstop for a resume that missed one, or a crash mid-resume)."""
     job = deps.store.get_job(run.job_id)
     if job is not None and job.state is JobState.PAUSED:
-        upd = Update(conditions={"state": RunState.PENDING.value, "attempt": run.attempt, "held": run.held})
-        upd.sets["watch_at"] = deps.clock.now() + timedelta(seconds=HOLD_RECHECK_SECONDS)
-        deps.store.update_run(run.job_id, run.due_at, upd)
+        deps.store.defer_pending(
+            run.job_id,
+            run.due_at,
+            attempt=run.attempt,
+            held=run.held,
+            watch_at=deps.clock.now() + timedelta(seconds=HOLD_RECHECK_SECONDS),
+        )
         return
     release_held(run.job_id, job, deps)
 
 
-def _resend(run: Run, deps: Deps) -> None:
-    """Re-send a PENDING run's message and push its watch time out by one grace period."""
+def _resend(run: Run, deps: Deps) -> bool:
+    """Re-send a PENDING run's message and push its watch time out by one grace period (only the sweeper
+    that moved the watch time sends). Returns False if the run moved on meanwhile."""
     now = deps.clock.now()
-    upd = Update(
-        conditions={"state": RunState.PENDING.value, "attempt": run.attempt, "watch_at": run.watch_at}
-    )
-    upd.sets["watch_at"] = now + timedelta(seconds=deps.settings.pending_grace_seconds)
-    deps.store.update_run(run.job_id, run.due_at, upd)
-    deps.queues.send(run.task.tier, message_for(run), delay=delay_seconds(run.due_at, now))
-    logger.info("pending run re-sent", extra={"run_id": run.run_id, "attempt": run.attempt})
-
-
-def _release_retry(run: Run, deps: Deps) -> None:
-    """RETRY_WAIT -> PENDING with attempt + 1, then send its message."""
-    now = deps.clock.now()
-    upd = Update(conditions={"state": RunState.RETRY_WAIT.value, "attempt": run.attempt})
-    upd.sets.update(
-        state=RunState.PENDING.value,
-        attempt=run.attempt + 1,
+    moved = deps.store.defer_pending(
+        run.job_id,
+        run.due_at,
+        attempt=run.attempt,
+        seen_watch_at=run.watch_at,
         watch_at=now + timedelta(seconds=deps.settings.pending_grace_seconds),
     )
-    upd.removes.append("retry_at")
-    deps.store.update_run(run.job_id, run.due_at, upd)
+    if moved is None:
+        return False
+    deps.queues.send(run.task.tier, message_for(run), delay=delay_seconds(run.due_at, now))
+    logger.info("pending run re-sent", extra={"run_id": run.run_id, "attempt": run.attempt})
+    return True
+
+
+def _release_retry(run: Run, deps: Deps) -> bool:
+    """RETRY_WAIT -> PENDING with attempt + 1, then send its message. False if the run moved on."""
+    now = deps.clock.now()
+    released = deps.store.release_retry(
+        run.job_id,
+        run.due_at,
+        attempt=run.attempt,
+        now=now,
+        watch_at=now + timedelta(seconds=deps.settings.pending_grace_seconds),
+    )
+    if released is None:
+        return False
     deps.queues.send(run.task.tier, message_for(run, attempt=run.attempt + 1))
     logger.info("retry released", extra={"run_id": run.run_id, "attempt": run.attempt + 1})
+    return True

@@ -31,16 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from duetime.adapters.aws import clients as aws
-from duetime.adapters.aws.resources import QUEUE_VISIBILITY_SECONDS
-from duetime.adapters.aws.s3_logs import S3Logs, log_key
-from duetime.adapters.aws.sqs import ReceivedMessage
-from duetime.config.deps import Deps
 from duetime.config.observability import logger
 from duetime.domain.errors import LeaseLostError, StartRejectedError
+from duetime.domain.lifecycle import INTERRUPTED_REASON
+from duetime.domain.logs import log_key
 from duetime.domain.models import ContainerTask, Run, RunState
+from duetime.domain.ports import QUEUE_VISIBILITY_SECONDS, LogStore, ReceivedMessage
 from duetime.domain.timeutil import to_iso
-from duetime.services.runs import INTERRUPTED_REASON, finish, heartbeat, start
+from duetime.services.deps import Deps
+from duetime.services.runs import finish, heartbeat, start
 
 #: Largest log uploaded per attempt, bytes; longer output keeps its head and tail.
 MAX_LOG_BYTES = 4 * 1024 * 1024
@@ -116,7 +115,7 @@ class LiveLog:
     (the final object keeps head and tail). A failed upload is retried with the next chunk's data.
     """
 
-    def __init__(self, logs: S3Logs, key: str, out: IO[bytes], *, started: float | None = None) -> None:
+    def __init__(self, logs: LogStore, key: str, out: IO[bytes], *, started: float | None = None) -> None:
         self.logs = logs
         self.key = key
         self.out = out
@@ -244,7 +243,7 @@ class Worker:
                 failures += 1
                 if self.stopping.is_set():
                     break  # told to stop meanwhile (the stack going down took the endpoint with it)
-                if aws.unreachable(exc):
+                if self.deps.unreachable(exc):
                     logger.warning(
                         "worker poll failed: AWS unreachable", extra={"tier": self.tier, "error": str(exc)}
                     )
@@ -299,7 +298,7 @@ class Worker:
             try:
                 self.deps.logs.put(key, read_log(out))
             except Exception as exc:  # noqa: BLE001 - a log upload failure must not lose the outcome
-                if aws.unreachable(exc):
+                if self.deps.unreachable(exc):
                     logger.warning("log upload failed: AWS unreachable", extra={"error": str(exc)})
                 else:
                     logger.exception("log upload failed")

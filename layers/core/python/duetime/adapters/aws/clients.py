@@ -2,12 +2,16 @@
 
 Endpoints come from the standard ``AWS_ENDPOINT_URL`` variable (boto3 >= 1.28), which is how the local
 stack points every process at its moto server.
+
+:func:`add_client_hook` registers a function called on every client created from then on (``bench/`` counts
+every AWS call this way: :func:`duetime.local.callcount.install_from_env`), so no adapter depends on what
+observes it.
 """
 
 from __future__ import annotations
 
-import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import boto3
@@ -16,6 +20,10 @@ from botocore.exceptions import ConnectionClosedError, EndpointConnectionError, 
 
 _lock = threading.Lock()
 _clients: dict[str, Any] = {}
+
+#: Called with each new client, before anyone uses it (under the clients' lock: it must not call :func:`client`).
+ClientHook = Callable[[Any], None]
+_hooks: list[ClientHook] = []
 
 #: Standard retry mode: SDK retries throttling and 5xx with backoff ([S0] backoff applies to us too).
 _CONFIG = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=32)
@@ -29,12 +37,25 @@ def client(service: str) -> Any:
     with _lock:
         if service not in _clients:
             made = boto3.session.Session().client(service, config=_CONFIG)
-            if os.environ.get("DUETIME_CALL_COUNT_DIR"):  # bench/: count every call (duetime.local.callcount)
-                from duetime.local import callcount
-
-                callcount.register(made, os.environ["DUETIME_CALL_COUNT_DIR"])
+            for hook in _hooks:
+                hook(made)
             _clients[service] = made
         return _clients[service]
+
+
+def add_client_hook(hook: ClientHook) -> None:
+    """Call ``hook(client)`` on every client :func:`client` creates from now on (clients already cached are
+    not revisited: :func:`reset_clients` first for that). Adding the same hook again changes nothing."""
+    with _lock:
+        if hook not in _hooks:
+            _hooks.append(hook)
+
+
+def remove_client_hook(hook: ClientHook) -> None:
+    """Stop calling ``hook`` on new clients (nothing happens if it was not added)."""
+    with _lock:
+        if hook in _hooks:
+            _hooks.remove(hook)
 
 
 def reset_clients() -> None:

@@ -9,6 +9,7 @@ Items hold instants as fixed-width UTC strings (``timeutil.to_iso``), numbers as
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,11 +53,13 @@ from duetime.domain.errors import (
     DuetimeError,
     JobExistsError,
     LeaseLostError,
+    PageTokenError,
     StaleClaimError,
     StartRejectedError,
     ThrottledError,
 )
-from duetime.domain.models import Job, Run, RunState
+from duetime.domain.lifecycle import AttemptEnd
+from duetime.domain.models import AttemptRecord, Job, Run, RunState, Trigger, json_text
 from duetime.domain.timeutil import from_iso, to_iso
 
 _ser = TypeSerializer()
@@ -109,12 +112,6 @@ def deserialize(item: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _from_attr(_de.deserialize(v)) for k, v in item.items()}
 
 
-def json_text(value: Any) -> str:
-    """Compact JSON text of a user's JSON value (a Lambda payload or result), non-ASCII escaped: whatever
-    strings a function returns, the text is valid UTF-8 for DynamoDB."""
-    return json.dumps(value, separators=(",", ":"))
-
-
 def _encode_json_fields(data: dict[str, Any]) -> dict[str, Any]:
     """A Lambda task's payload and a run's result are stored as JSON text: a DynamoDB map would drop their
     nulls, turn 1.0 into 1 and refuse numbers outside its range."""
@@ -143,7 +140,7 @@ def job_from_item(item: Mapping[str, Any]) -> Job:
     data = _decode_json_fields(dict(item))
     data.setdefault("next_fire_at", None)
     data.setdefault("schedule", None)
-    return Job.model_validate(data)
+    return Job.from_stored(data)
 
 
 def run_to_item(run: Run, *, retention_days: int) -> dict[str, Any]:
@@ -166,7 +163,7 @@ _INDEX_ONLY_ATTRIBUTES = frozenset(
 
 def run_from_item(item: Mapping[str, Any]) -> Run:
     data = {k: v for k, v in item.items() if k not in _INDEX_ONLY_ATTRIBUTES}
-    return Run.model_validate(_decode_json_fields(data))
+    return Run.from_stored(_decode_json_fields(data))
 
 
 @dataclass
@@ -234,6 +231,37 @@ class Update:
         return request
 
 
+def encode_page_token(key: Mapping[str, Any]) -> str:
+    """An opaque page token for a query's continuation key: URL-safe base64 of its wire-format JSON."""
+    return base64.urlsafe_b64encode(json.dumps(dict(key), sort_keys=True).encode()).decode().rstrip("=")
+
+
+def decode_page_token(
+    token: str | None, *, expected: tuple[str, ...], must_match: Mapping[str, str]
+) -> dict[str, Any] | None:
+    """The continuation key inside a token from :func:`encode_page_token`: exactly ``expected`` attributes,
+    each a string (``{"S": ...}``), and those in ``must_match`` equal to the listing's tenant or job.
+
+    Raises:
+        PageTokenError: the token is not one this store issued for this listing.
+    """
+    if not token:
+        return None
+    try:
+        key = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        if not isinstance(key, dict) or set(key) != set(expected):
+            raise ValueError("unexpected key")
+        for name, value in key.items():
+            if not isinstance(value, dict) or set(value) != {"S"} or not isinstance(value["S"], str):
+                raise ValueError(f"{name} is not a string")
+        for name, wanted in must_match.items():
+            if key[name]["S"] != wanted:
+                raise ValueError(f"{name} does not match")
+        return key
+    except (ValueError, TypeError):
+        raise PageTokenError() from None
+
+
 def _is_condition_failure(exc: ClientError) -> bool:
     return bool(exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException")
 
@@ -245,12 +273,22 @@ class DynamoStore:
         jobs_table: physical name of the jobs table.
         runs_table: physical name of the runs table.
         run_retention_days: TTL of run rows, days after their due time.
+        submits_table: the table with a TTL that holds the per-tenant per-minute submit counters (the
+            idempotency table); None: submits are not counted (no per-minute quota).
     """
 
-    def __init__(self, jobs_table: str, runs_table: str, *, run_retention_days: int = 90) -> None:
+    def __init__(
+        self,
+        jobs_table: str,
+        runs_table: str,
+        *,
+        run_retention_days: int = 90,
+        submits_table: str | None = None,
+    ) -> None:
         self.jobs_table = jobs_table
         self.runs_table = runs_table
         self.run_retention_days = run_retention_days
+        self.submits_table = submits_table
 
     @property
     def _ddb(self) -> Any:
@@ -308,11 +346,11 @@ class DynamoStore:
         tenant: str,
         *,
         limit: int,
-        start_key: dict[str, Any] | None = None,
+        page_token: str | None = None,
         state: str | None = None,
         name_prefix: str | None = None,
-    ) -> tuple[list[Job], dict[str, Any] | None]:
-        """The tenant's jobs, newest first, filtered; returns (jobs, key to continue from).
+    ) -> tuple[list[Job], str | None]:
+        """The tenant's jobs, newest first, filtered; returns (jobs, the next page's token or None).
 
         The ``by_tenant`` index projects only ``state`` and ``name`` (what the filters read), so a claim,
         which only moves ``next_fire_at``, never writes it (one index key per tenant would otherwise take a
@@ -340,7 +378,12 @@ class DynamoStore:
             "ScanIndexForward": False,
         }
         entries, next_key = self._collect(
-            kwargs, limit, start_key, lambda entry: entry, keys=(JOBS_PK, TENANT_KEY, CREATED_AT_KEY)
+            kwargs,
+            limit,
+            page_token,
+            lambda entry: entry,
+            keys=(JOBS_PK, TENANT_KEY, CREATED_AT_KEY),
+            scope={TENANT_KEY: tenant},
         )
         found = self.get_jobs([str(e[JOBS_PK]) for e in entries])
         wanted = [found[e[JOBS_PK]] for e in entries if e[JOBS_PK] in found]
@@ -395,13 +438,17 @@ class DynamoStore:
         self,
         kwargs: dict[str, Any],
         limit: int,
-        start_key: dict[str, Any] | None,
+        page_token: str | None,
         build: Any,
         *,
         keys: tuple[str, ...],
-    ) -> tuple[list[Any], dict[str, Any] | None]:
-        """Page through a (filtered) Query until ``limit`` items; the continuation key is the last item's."""
+        scope: Mapping[str, str],
+    ) -> tuple[list[Any], str | None]:
+        """Page through a (filtered) Query until ``limit`` items; the next page's token holds the last
+        item's key (``keys``) and is only accepted back for the same ``scope`` (the key attributes that
+        name the tenant or job of the listing)."""
         items: list[dict[str, Any]] = []
+        start_key = decode_page_token(page_token, expected=keys, must_match=scope)
         if start_key:
             kwargs["ExclusiveStartKey"] = start_key
         while len(items) < limit:
@@ -415,19 +462,21 @@ class DynamoStore:
             kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
         items = items[:limit]
         last = items[-1]
-        return [build(deserialize(i)) for i in items], {k: last[k] for k in keys if k in last}
+        return [build(deserialize(i)) for i in items], encode_page_token(
+            {k: last[k] for k in keys if k in last}
+        )
 
     def query_runs(
         self,
         job_id: str,
         *,
         limit: int,
-        start_key: dict[str, Any] | None = None,
+        page_token: str | None = None,
         state: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
         active_only: bool = False,
-    ) -> tuple[list[Run], dict[str, Any] | None]:
+    ) -> tuple[list[Run], str | None]:
         """The job's runs, newest due time first, within ``[since, until]`` and of ``state``."""
         key = "job_id = :j"
         values: dict[str, Any] = {":j": job_id}
@@ -457,7 +506,9 @@ class DynamoStore:
         if names:
             kwargs["ExpressionAttributeNames"] = names
         kwargs["ExpressionAttributeValues"] = serialize(values)
-        return self._collect(kwargs, limit, start_key, run_from_item, keys=(RUNS_PK, RUNS_SK))
+        return self._collect(
+            kwargs, limit, page_token, run_from_item, keys=(RUNS_PK, RUNS_SK), scope={RUNS_PK: job_id}
+        )
 
     def query_due(self, shard: int, until: datetime, *, page_size: int = 500) -> Iterator[Job]:
         """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (due GSI; eventually consistent)."""
@@ -477,7 +528,7 @@ class DynamoStore:
                 return
             kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
 
-    def advance_job(
+    def advance(
         self, job_id: str, *, claimed: datetime, next_fire_at: datetime | None, now: datetime, missed: int = 0
     ) -> None:
         """Move the job's ``next_fire_at`` from ``claimed`` to ``next_fire_at`` (claim step 2).
@@ -552,7 +603,7 @@ class DynamoStore:
         )
         return [run_from_item(deserialize(i)) for i in out.get("Items", [])]
 
-    def query_watch(self, shard: int, until: datetime, *, page_size: int = 200) -> Iterator[Run]:
+    def query_overdue(self, shard: int, until: datetime, *, page_size: int = 200) -> Iterator[Run]:
         """Non-terminal runs of ``shard`` whose ``watch_at <= until`` (watchdog GSI), oldest first."""
         kwargs: dict[str, Any] = {
             "TableName": self.runs_table,
@@ -595,8 +646,8 @@ class DynamoStore:
         return [from_iso(deserialize(i)[RUNS_SK]) for i in out.get("Items", [])]
 
     def query_dead_letters(
-        self, tenant: str, *, limit: int = 20, start_key: dict[str, Any] | None = None
-    ) -> tuple[list[Run], dict[str, Any] | None]:
+        self, tenant: str, *, limit: int = 20, page_token: str | None = None
+    ) -> tuple[list[Run], str | None]:
         """The tenant's dead-lettered runs, most recently dead-lettered first (dead-letters GSI); returns
         (runs, key to continue from: None on the last page)."""
         kwargs: dict[str, Any] = {
@@ -610,9 +661,10 @@ class DynamoStore:
         return self._collect(
             kwargs,
             limit,
-            start_key,
+            page_token,
             run_from_item,
             keys=(RUNS_PK, RUNS_SK, DEAD_LETTER_INDEX_PK, DEAD_LETTER_INDEX_SK),
+            scope={DEAD_LETTER_INDEX_PK: tenant},
         )
 
     def count_running(self, tenant: str) -> int:
@@ -649,8 +701,12 @@ class DynamoStore:
             raise
         return True
 
-    def count_submit(self, table: str, tenant: str, minute: datetime, *, limit: int) -> bool:
-        """Count one submit in the tenant's current minute (a TTL'd item in ``table``); False over ``limit``."""
+    def count_submit(self, tenant: str, minute: datetime, *, limit: int) -> bool:
+        """Count one submit in the tenant's current minute (a TTL'd item in the submits table); False over
+        ``limit``. Always True without a submits table."""
+        table = self.submits_table
+        if table is None:
+            return True
         key = serialize({"id": f"{SUBMIT_RATE_PREFIX}{tenant}#{to_iso(minute)}"})
         try:
             self._ddb.update_item(
@@ -709,7 +765,7 @@ class DynamoStore:
             if not _is_condition_failure(exc):
                 raise
 
-    def update_run(self, job_id: str, due_at: datetime, update: Update) -> Run:
+    def _update_run(self, job_id: str, due_at: datetime, update: Update) -> Run:
         """Apply a conditional update to a run and return the run as it now is.
 
         Raises:
@@ -728,8 +784,15 @@ class DynamoStore:
             raise
         return run_from_item(deserialize(out["Attributes"]))
 
+    def _try_update_run(self, job_id: str, due_at: datetime, update: Update) -> Run | None:
+        """:meth:`_update_run`, None when its condition did not hold (the run moved on meanwhile)."""
+        try:
+            return self._update_run(job_id, due_at, update)
+        except ConditionFailedError:
+            return None
+
     # ---- run transitions (DESIGN.md section 5) -------------------------------------------------------
-    def start_run(
+    def start(
         self,
         job_id: str,
         due_at: datetime,
@@ -746,19 +809,25 @@ class DynamoStore:
 
         Accepted from PENDING at ``attempt``, or from RETRY_WAIT at ``attempt - 1`` once its ``retry_at`` has
         passed (the retry's delayed wake-up message arrives directly, without waiting for the sweeper).
+        ``running_tenant`` puts the run in the running-by-tenant index (set when a RUNNING quota applies).
 
         Raises:
             StartRejectedError: neither holds: a duplicate, stale or early message. Drop it.
         """
         upd = Update()
         state, att, retry_at = upd.name("state"), upd.name("attempt"), upd.name("retry_at")
-        deadline, now_v = upd.name("start_deadline_at"), upd.value("now", now)
+        now_v = upd.value("now", now)
+        # attempt 1 must start by its starting deadline; retries (the attempt being started, > 1) are past it
+        # by design, also when the retry's wake-up starts it straight from RETRY_WAIT
+        in_time = ""
+        if attempt == 1:
+            deadline = upd.name("start_deadline_at")
+            in_time = f" AND (attribute_not_exists({deadline}) OR {deadline} >= {now_v})"
         upd.extra_condition = (
             f"(({state} = {upd.value('pending', RunState.PENDING.value)} AND {att} = {upd.value('att', attempt)})"
             f" OR ({state} = {upd.value('retry_wait', RunState.RETRY_WAIT.value)}"
             f" AND {att} = {upd.value('prev_att', attempt - 1)} AND {retry_at} <= {now_v}))"
-            # attempt 1 must start by its starting deadline (retries are past it by design)
-            f" AND (attribute_not_exists({deadline}) OR {deadline} >= {now_v} OR {att} > {upd.value('one', 1)})"
+            f"{in_time}"
             # a run held by its job's pause starts only once the resume released it
             f" AND attribute_not_exists({upd.name('held')})"
         )
@@ -778,7 +847,7 @@ class DynamoStore:
         upd.removes.extend(["retry_at", "finished_at", "exit_code", "error", "result", "result_truncated"])
         upd.adds["fencing_token"] = 1
         try:
-            return self.update_run(job_id, due_at, upd)
+            return self._update_run(job_id, due_at, upd)
         except ConditionFailedError:
             raise StartRejectedError(
                 f"run {job_id}@{to_iso(due_at)} attempt {attempt} cannot start (duplicate, stale or early)"
@@ -801,32 +870,192 @@ class DynamoStore:
         upd = Update(conditions={"state": RunState.RUNNING.value, "fencing_token": fencing_token})
         upd.sets.update(lease_expires_at=lease_expires_at, watch_at=watch_at or lease_expires_at)
         try:
-            return self.update_run(job_id, due_at, upd)
+            return self._update_run(job_id, due_at, upd)
         except ConditionFailedError:
             raise LeaseLostError(f"lease on {job_id}@{to_iso(due_at)} token {fencing_token} lost") from None
 
-    def fenced_transition(self, job_id: str, due_at: datetime, *, fencing_token: int, update: Update) -> Run:
-        """Apply ``update`` only if the run is RUNNING under ``fencing_token`` (finish, lease expiry).
+    def _end_attempt_update(self, end: AttemptEnd) -> Update:
+        """The conditional UpdateItem that applies ``end`` (also the timeout handler's fence)."""
+        upd = Update(conditions={"state": RunState.RUNNING.value, "fencing_token": end.expected_token})
+        upd.appends["attempts"] = [end.record.model_dump(mode="python", exclude_none=True)]
+        upd.sets["finished_at"] = end.finished_at
+        for attr, value in (("exit_code", end.exit_code), ("error", end.error), ("log_key", end.log_key)):
+            if value is None:
+                upd.removes.append(attr)
+            else:
+                upd.sets[attr] = value
+        if end.timeout_action is not None:
+            upd.sets["timeout_action"] = end.timeout_action
+        if end.timeout_outcome is not None:
+            upd.sets["timeout_outcome"] = end.timeout_outcome
+        upd.sets["state"] = end.state.value
+        if end.state is RunState.RETRY_WAIT:
+            upd.sets.update(retry_at=end.retry_at, watch_at=end.watch_at)
+            if end.max_attempts is not None:
+                upd.sets["max_attempts"] = end.max_attempts
+            upd.removes.extend(["lease_owner", "lease_expires_at", "deadline_at", RUNNING_INDEX_PK])
+        else:
+            if end.dead_lettered:
+                upd.sets.update(
+                    dead_lettered=True, dead_lettered_at=end.finished_at, dead_letter_tenant=end.tenant
+                )
+            upd.removes.extend(terminal_removals())
+        if end.result_json is not None:
+            upd.sets["result"] = end.result_json  # stored as JSON text
+        if end.result_truncated:
+            upd.sets["result_truncated"] = True
+        if end.bump_token:
+            upd.adds["fencing_token"] = 1
+        if end.timeout_execution is not None:
+            upd.sets["timeout_execution"] = end.timeout_execution
+        if end.lease_expired_by is not None:
+            upd.extra_condition = (
+                f"{upd.name('lease_expires_at')} <= {upd.value('lease_by', end.lease_expired_by)}"
+            )
+        return upd
+
+    def end_attempt(self, end: AttemptEnd) -> Run:
+        """Apply ``end`` in one conditional write under ``end.expected_token``.
 
         Raises:
-            LeaseLostError: the token is stale or the run is not RUNNING; nothing was applied.
+            LeaseLostError: the token is stale, the run is not RUNNING, or (``end.lease_expired_by``) a
+                heartbeat renewed the lease meanwhile; nothing was applied.
         """
-        update.conditions.update(state=RunState.RUNNING.value, fencing_token=fencing_token)
         try:
-            return self.update_run(job_id, due_at, update)
+            return self._update_run(end.job_id, end.due_at, self._end_attempt_update(end))
         except ConditionFailedError:
             raise LeaseLostError(
-                f"stale fencing token {fencing_token} on {job_id}@{to_iso(due_at)}"
+                f"stale fencing token {end.expected_token} on {end.job_id}@{to_iso(end.due_at)}"
             ) from None
+
+    def end_attempt_request(self, end: AttemptEnd) -> dict[str, Any]:
+        """``end`` as UpdateItem parameters (TableName, Key, expressions): the timeout handler's fence step,
+        which Step Functions applies through its direct DynamoDB integration."""
+        return {
+            "TableName": self.runs_table,
+            "Key": self._run_key(end.job_id, end.due_at),
+            **self._end_attempt_update(end).build(),
+        }
+
+    def put_new_run_request(self, run: Run) -> dict[str, Any]:
+        """:meth:`put_new_run` as PutItem parameters (the timeout handler's triggered run)."""
+        return {
+            "TableName": self.runs_table,
+            "Item": serialize(run_to_item(run, retention_days=self.run_retention_days)),
+            "ConditionExpression": "attribute_not_exists(job_id)",
+        }
+
+    def skip_pending(
+        self, job_id: str, due_at: datetime, *, attempt: int, reason: str, now: datetime
+    ) -> Run | None:
+        """PENDING at ``attempt`` -> SKIPPED with ``reason`` as its error; None if the run moved on."""
+        upd = Update(conditions={"state": RunState.PENDING.value, "attempt": attempt})
+        upd.sets.update(state=RunState.SKIPPED.value, finished_at=now, error=reason)
+        upd.removes.extend(terminal_removals())
+        upd.appends["events"] = [{"at": now, "kind": "skipped", "detail": {"reason": reason}}]
+        return self._try_update_run(job_id, due_at, upd)
+
+    def hold(
+        self, job_id: str, due_at: datetime, *, reason: str, now: datetime, recheck_at: datetime
+    ) -> Run | None:
+        """A PENDING first attempt -> held by ``reason``: it joins the active-runs index (a resume finds it)
+        and is watched again at ``recheck_at``. None if the run moved on or is held already."""
+        upd = Update(conditions={"state": RunState.PENDING.value, "attempt": 1, "held": None})
+        upd.sets.update(held=reason, watch_at=recheck_at)
+        upd.sets[ACTIVE_INDEX_PK] = job_id
+        upd.appends["events"] = [{"at": now, "kind": "held", "detail": {"reason": reason}}]
+        return self._try_update_run(job_id, due_at, upd)
+
+    def release_held(self, run: Run, *, now: datetime, watch_at: datetime) -> Run | None:
+        """``run``, still PENDING at its attempt and held as read -> no longer held, watched at ``watch_at``
+        (it stays in the active-runs index only for an overlap policy). None if it moved on."""
+        upd = Update(conditions={"state": RunState.PENDING.value, "attempt": run.attempt, "held": run.held})
+        upd.sets["watch_at"] = watch_at
+        upd.removes.append("held")
+        if not run.overlap.enforced:
+            upd.removes.append(ACTIVE_INDEX_PK)
+        upd.appends["events"] = [{"at": now, "kind": "released", "detail": {"reason": "resumed"}}]
+        return self._try_update_run(run.job_id, run.due_at, upd)
+
+    def defer_pending(
+        self,
+        job_id: str,
+        due_at: datetime,
+        *,
+        attempt: int,
+        watch_at: datetime,
+        held: str | None = None,
+        seen_watch_at: datetime | None = None,
+    ) -> Run | None:
+        """Move a PENDING run's watch time to ``watch_at`` if it is still PENDING at ``attempt``, held by
+        ``held`` (None: not held), and (given ``seen_watch_at``) still watched at that time."""
+        conditions: dict[str, Any] = {"state": RunState.PENDING.value, "attempt": attempt, "held": held}
+        if seen_watch_at is not None:
+            conditions["watch_at"] = seen_watch_at
+        upd = Update(conditions=conditions)
+        upd.sets["watch_at"] = watch_at
+        return self._try_update_run(job_id, due_at, upd)
+
+    def release_retry(
+        self, job_id: str, due_at: datetime, *, attempt: int, now: datetime, watch_at: datetime
+    ) -> Run | None:
+        """RETRY_WAIT at ``attempt`` -> PENDING at ``attempt + 1`` (the sweeper's backstop for a retry whose
+        wake-up did not start it). None if it moved on."""
+        upd = Update(conditions={"state": RunState.RETRY_WAIT.value, "attempt": attempt})
+        upd.sets.update(state=RunState.PENDING.value, attempt=attempt + 1, watch_at=watch_at)
+        upd.removes.append("retry_at")
+        return self._try_update_run(job_id, due_at, upd)
+
+    def cancel(
+        self, run: Run, *, reason: str, now: datetime, record: AttemptRecord | None = None
+    ) -> Run | None:
+        """``run`` -> CANCELLED if it is still in the state and under the fencing token read; the token is
+        raised so a running worker's next heartbeat is rejected. None if it moved on."""
+        upd = Update(conditions={"state": run.state.value, "fencing_token": run.fencing_token})
+        upd.sets.update(state=RunState.CANCELLED.value, finished_at=now, error=reason)
+        upd.adds["fencing_token"] = 1
+        upd.removes.extend(terminal_removals())
+        upd.appends["events"] = [{"at": now, "kind": "cancelled", "detail": {"reason": reason}}]
+        if record is not None:
+            upd.appends["attempts"] = [record.model_dump(mode="python", exclude_none=True)]
+        return self._try_update_run(run.job_id, run.due_at, upd)
+
+    def redrive(self, run: Run, *, now: datetime, watch_at: datetime) -> Run | None:
+        """A run that failed for good -> PENDING at ``attempt + 1`` with a fresh budget of its job's
+        ``max_attempts``; it leaves the dead-letter index and rejoins the watchdog (and, for an overlap
+        policy, the active-runs) index. None if it is no longer in the state and attempt read."""
+        upd = Update(conditions={"state": run.state.value, "attempt": run.attempt})
+        upd.sets.update(
+            state=RunState.PENDING.value,
+            attempt=run.attempt + 1,
+            max_attempts=run.attempt + run.retry.max_attempts,
+            budget_from_attempt=run.attempt + 1,
+            dead_lettered=False,
+            trigger=Trigger.RETRY.value,
+            watch_at=watch_at,
+        )
+        upd.sets[WATCH_INDEX_PK] = run.shard
+        if run.overlap.enforced:
+            upd.sets[ACTIVE_INDEX_PK] = run.job_id
+        upd.removes.extend(
+            [
+                "dead_lettered_at",
+                DEAD_LETTER_INDEX_PK,
+                "finished_at",
+                "exit_code",
+                "error",
+                "timeout_action",
+                "timeout_outcome",
+            ]
+        )
+        upd.appends["events"] = [{"at": now, "kind": "redriven", "detail": {"attempt": run.attempt + 1}}]
+        return self._try_update_run(run.job_id, run.due_at, upd)
 
     def record_event(self, job_id: str, due_at: datetime, event: Mapping[str, Any]) -> None:
         """Append ``event`` to the run's ``events`` history (unconditional but for the run existing)."""
         upd = Update(extra_condition="attribute_exists(job_id)")
         upd.appends["events"] = [dict(event)]
-        try:
-            self.update_run(job_id, due_at, upd)
-        except ConditionFailedError:
-            pass
+        self._try_update_run(job_id, due_at, upd)
 
 
 def terminal_removals() -> Sequence[str]:

@@ -13,6 +13,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from duetime.config.settings import ALL_TIERS
+from duetime.domain.lifecycle import MAX_MESSAGE_DELAY_SECONDS
+from duetime.domain.ports import QUEUE_MAX_RECEIVE_COUNT, QUEUE_VISIBILITY_SECONDS
 
 # --- jobs table -------------------------------------------------------------------------------------------
 JOBS_PK = "job_id"
@@ -59,11 +61,7 @@ IDEMPOTENCY_TTL_ATTRIBUTE = "expiration"
 
 # --- queues -----------------------------------------------------------------------------------------------
 #: SQS caps DelaySeconds at 900 (15 minutes).
-SQS_MAX_DELAY_SECONDS = 900
-#: Deliveries before SQS moves a message to the tier's dead-letter queue.
-QUEUE_MAX_RECEIVE_COUNT = 10
-#: Visibility timeout of worker queues, seconds; a worker extends it while it runs a task.
-QUEUE_VISIBILITY_SECONDS = 120
+SQS_MAX_DELAY_SECONDS = MAX_MESSAGE_DELAY_SECONDS
 #: DLQ retention: the SQS maximum, 14 days.
 DLQ_RETENTION_SECONDS = 14 * 24 * 3600
 

@@ -16,9 +16,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from duetime.adapters.aws import clients as aws
+from duetime.domain.errors import LogStoreError
 
 #: what follows an attempt's final key in the key prefix of its chunk objects
 LIVE_SUFFIX = ".live/"
@@ -26,11 +25,6 @@ LIVE_SUFFIX = ".live/"
 _PARALLEL_GETS = 8
 #: DeleteObjects takes at most this many keys per call
 _DELETE_BATCH = 1000
-
-
-def log_key(job_id: str, run_id: str, attempt: int) -> str:
-    """The S3 key of one attempt's combined stdout+stderr."""
-    return f"logs/{job_id}/{run_id}/attempt-{attempt}.log"
 
 
 def chunk_prefix(key: str) -> str:
@@ -88,7 +82,7 @@ class S3Logs:
         listing needed), else every chunk listed under its prefix.
 
         Raises:
-            botocore's ClientError: a call failed, or S3 refused to delete some of the objects.
+            LogStoreError: S3 refused to delete some of the objects (a failed call raises the SDK's error).
         """
         keys = (
             [chunk_key(key, seq) for seq in range(count)]
@@ -102,14 +96,9 @@ class S3Logs:
             )
             if out.get("Errors"):
                 first = out["Errors"][0]
-                raise ClientError(
-                    {
-                        "Error": {
-                            "Code": first.get("Code", "DeleteFailed"),
-                            "Message": first.get("Message", ""),
-                        }
-                    },
-                    f"DeleteObjects ({len(out['Errors'])} of {len(batch)} not deleted)",
+                raise LogStoreError(
+                    f"DeleteObjects: {len(out['Errors'])} of {len(batch)} chunks not deleted "
+                    f"({first.get('Code', 'DeleteFailed')}: {first.get('Message', '')})"
                 )
 
     def get_final(self, key: str) -> bytes | None:

@@ -6,33 +6,12 @@ by the sweeper; duplicates fail the conditional start and are dropped.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from duetime.adapters.aws import clients as aws
-from duetime.adapters.aws.resources import SQS_MAX_DELAY_SECONDS
+from duetime.domain.lifecycle import MAX_MESSAGE_DELAY_SECONDS
 from duetime.domain.models import RunMessage
-
-
-def delay_seconds(due_at: datetime, now: datetime) -> int:
-    """SQS ``DelaySeconds`` for a run due at ``due_at``: ``ceil(due_at - now)`` clamped to 0..900.
-
-    The 900 s cap is SQS's limit; claims never look further ahead than that.
-    """
-    seconds = math.ceil((due_at - now).total_seconds())
-    return max(0, min(SQS_MAX_DELAY_SECONDS, seconds))
-
-
-@dataclass(frozen=True)
-class ReceivedMessage:
-    """One delivery of a run message. ``receive_count`` is SQS's ApproximateReceiveCount."""
-
-    message: RunMessage | None
-    receipt_handle: str
-    body: str
-    receive_count: int
+from duetime.domain.ports import ReceivedMessage
 
 
 class SqsQueues:
@@ -49,21 +28,25 @@ class SqsQueues:
     def _sqs(self) -> Any:
         return aws.client("sqs")
 
-    def send(self, tier: str, message: RunMessage, *, delay: int = 0) -> None:
-        """Send ``message`` to ``tier``'s queue, delivered after ``delay`` seconds (0..900).
+    def send_request(self, tier: str, message: RunMessage, *, delay: int = 0) -> dict[str, Any]:
+        """``message`` as SendMessage parameters for ``tier``'s queue (also a Step Functions step's input).
 
         Its tenant is the message group: on a standard queue that makes SQS fair queues keep one tenant's
         burst from delaying other tenants' runs (the local stack's moto server emulates this).
         """
-        kwargs: dict[str, Any] = {}
-        if message.tenant:
-            kwargs["MessageGroupId"] = message.tenant[:128]
-        self._sqs.send_message(
-            QueueUrl=self.queue_urls[tier],
-            MessageBody=message.model_dump_json(),
-            DelaySeconds=max(0, min(SQS_MAX_DELAY_SECONDS, int(delay))),
-            **kwargs,
-        )
+        return {
+            "QueueUrl": self.queue_urls[tier],
+            "MessageBody": message.model_dump_json(),
+            "DelaySeconds": max(0, min(MAX_MESSAGE_DELAY_SECONDS, int(delay))),
+            "MessageGroupId": (message.tenant or "")[:128],
+        }
+
+    def send(self, tier: str, message: RunMessage, *, delay: int = 0) -> None:
+        """Send ``message`` to ``tier``'s queue, delivered after ``delay`` seconds (0..900)."""
+        request = self.send_request(tier, message, delay=delay)
+        if not message.tenant:
+            del request["MessageGroupId"]
+        self._sqs.send_message(**request)
 
     def receive(
         self,

@@ -1,8 +1,9 @@
-"""``Idempotency-Key`` requests: a retried request returns the first response (Powertools idempotency).
+"""``Idempotency-Key`` requests (Powertools idempotency over the persistence port): a retried request returns the first response (Powertools idempotency).
 
 The key is scoped by tenant and route; the request body is the payload Powertools validates, so the same key
 with a different body is refused (:class:`IdempotencyKeyReusedError`) instead of silently answering the
-first body's result. Records live in the idempotency table for ``idempotency_ttl_seconds``.
+first body's result. Records live in the deployment's idempotency persistence layer (``deps.idempotency``:
+Powertools' DynamoDB layer on AWS) for ``idempotency_ttl_seconds``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from aws_lambda_powertools.utilities.idempotency import (
-    DynamoDBPersistenceLayer,
+    BasePersistenceLayer,
     IdempotencyConfig,
     idempotent_function,
 )
@@ -21,8 +22,8 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
     IdempotencyValidationError,
 )
 
-from duetime.config.settings import Settings
 from duetime.domain.errors import ConflictError, RequestFieldError
+from duetime.services.deps import Deps
 
 #: Longest accepted Idempotency-Key header (AWS's own ClientToken limit is 64; Stripe's is 255).
 MAX_KEY_LENGTH = 255
@@ -35,9 +36,10 @@ class IdempotencyKeyReusedError(ConflictError):
 Response = dict[str, Any]
 
 
-@lru_cache(maxsize=4)
-def _runner(table: str, ttl_seconds: int) -> tuple[Callable[..., Response], IdempotencyConfig]:
-    persistence = DynamoDBPersistenceLayer(table_name=table)
+@lru_cache(maxsize=8)
+def _runner(
+    persistence: BasePersistenceLayer, ttl_seconds: int
+) -> tuple[Callable[..., Response], IdempotencyConfig]:
     config = IdempotencyConfig(
         event_key_jmespath="key", payload_validation_jmespath="body", expires_after_seconds=ttl_seconds
     )
@@ -57,7 +59,7 @@ def once(
     tenant: str,
     route: str,
     body: Any,
-    settings: Settings,
+    deps: Deps,
     handler: Callable[[], Response],
     lambda_context: Any = None,
 ) -> Response:
@@ -66,7 +68,7 @@ def once(
     Without a key, ``handler`` simply runs. ``handler`` returns a JSON-able dict (status, headers, body).
 
     Raises:
-        RequestFieldError: the key is empty or too long, or the stack has no idempotency table.
+        RequestFieldError: the key is empty or too long, or the deployment keeps no idempotency records.
         IdempotencyKeyReusedError: the key was used with a different body.
         ConflictError: the first request with this key is still being processed.
     """
@@ -74,13 +76,13 @@ def once(
         return handler()
     if not key.strip() or len(key) > MAX_KEY_LENGTH:
         raise RequestFieldError(f"Idempotency-Key: 1 to {MAX_KEY_LENGTH} characters", "Idempotency-Key")
-    if settings.idempotency_table is None:
+    if deps.idempotency is None:
         raise RequestFieldError(
             "Idempotency-Key: this deployment has no idempotency table", "Idempotency-Key"
         )
     request = {"key": f"{tenant}#{route}#{key}", "body": body}
     try:
-        run, config = _runner(settings.idempotency_table, settings.idempotency_ttl_seconds)
+        run, config = _runner(deps.idempotency(), deps.settings.idempotency_ttl_seconds)
         if lambda_context is not None:
             config.register_lambda_context(lambda_context)  # in-progress records expire with the invocation
         return run(request=request, handler=handler)

@@ -1,0 +1,268 @@
+"""One SQLite database file shared by threads and processes: connections, transactions, the schema.
+
+The file runs in WAL mode (readers never block the writer, nor the writer them) with ``synchronous=FULL``
+(a committed transaction survives a power cut) and a busy timeout, so a writer waits for the write lock
+instead of failing at once. Each thread (and each process: a forked child never reuses its parent's
+connection) gets its own connection, opened in autocommit mode: a plain read is its own consistent snapshot,
+and a conditional write is a short ``BEGIN IMMEDIATE`` transaction (:meth:`Database.transaction`): it takes
+the file's one write lock first, reads the row, checks the condition, writes, commits. No other writer, in
+this process or another, can come between the read and the write.
+
+The schema is versioned with ``PRAGMA user_version``: :data:`MIGRATIONS` lists the scripts from version 1 on,
+and opening a file applies those it lacks, in order, in one write transaction (two processes opening a new
+file at once: the second finds the migrations applied and does nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from duetime.domain.errors import ThrottledError
+
+#: how long a writer waits for the write lock before giving up, milliseconds
+BUSY_TIMEOUT_MS = 5000
+
+#: Forward migrations: ``MIGRATIONS[n]`` takes the schema from version ``n`` to ``n + 1``. Append, never edit.
+#: Instants are fixed-width UTC text (``timeutil.to_iso``), so text order is time order, as in DynamoDB.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        # settings of the file itself, e.g. the key that signs page tokens
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        "INSERT INTO meta (key, value) VALUES ('page_token_key', lower(hex(randomblob(32))))",
+        # ---- jobs: the document, plus the columns of its access paths ----
+        # due: (shard, next_fire_at) for jobs with a future fire; by tenant: (tenant, created_at)
+        """CREATE TABLE jobs (
+            job_id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            shard INTEGER,
+            next_fire_at TEXT,
+            doc TEXT NOT NULL
+        )""",
+        "CREATE INDEX jobs_due ON jobs (shard, next_fire_at, job_id) WHERE next_fire_at IS NOT NULL",
+        "CREATE INDEX jobs_by_tenant ON jobs (tenant, created_at, job_id)",
+        # ---- runs: keyed (job_id, due_at); the sparse index columns are kept as DynamoDB keeps its ----
+        # watch: (watch_shard, watch_at) of non-terminal runs; active: (active_job, due_at) of overlap-policy
+        # and held runs; running: (running_tenant, due_at); dead letters: (dead_letter_tenant,
+        # dead_lettered_at); expires_at: the retention (epoch seconds)
+        """CREATE TABLE runs (
+            job_id TEXT NOT NULL,
+            due_at TEXT NOT NULL,
+            watch_shard INTEGER,
+            watch_at TEXT,
+            active_job TEXT,
+            running_tenant TEXT,
+            dead_letter_tenant TEXT,
+            dead_lettered_at TEXT,
+            expires_at INTEGER NOT NULL,
+            doc TEXT NOT NULL,
+            PRIMARY KEY (job_id, due_at)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX runs_watch ON runs (watch_shard, watch_at, job_id, due_at)"
+        " WHERE watch_shard IS NOT NULL AND watch_at IS NOT NULL",
+        "CREATE INDEX runs_active ON runs (active_job, due_at) WHERE active_job IS NOT NULL",
+        "CREATE INDEX runs_running ON runs (running_tenant, due_at) WHERE running_tenant IS NOT NULL",
+        "CREATE INDEX runs_dead_letters ON runs (dead_letter_tenant, dead_lettered_at, job_id, due_at)"
+        " WHERE dead_letter_tenant IS NOT NULL AND dead_lettered_at IS NOT NULL",
+        "CREATE INDEX runs_expiry ON runs (expires_at)",
+        # ---- counters and leases ----
+        "CREATE TABLE tenant_counters (tenant TEXT PRIMARY KEY, active_jobs INTEGER NOT NULL)",
+        """CREATE TABLE submit_counters (
+            tenant TEXT NOT NULL,
+            minute TEXT NOT NULL,
+            submits INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            PRIMARY KEY (tenant, minute)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX submit_counters_expiry ON submit_counters (expires_at)",
+        """CREATE TABLE shard_leases (
+            shard INTEGER PRIMARY KEY,
+            owner TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            lease_token INTEGER NOT NULL
+        )""",
+        # ---- queues: one table of messages for every tier, and each tier's dead letters ----
+        # visible_at: epoch seconds of the queue's clock; receipt: the current delivery's handle
+        """CREATE TABLE queue_messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            tier TEXT NOT NULL,
+            tenant TEXT NOT NULL,
+            body TEXT NOT NULL,
+            sent_at REAL NOT NULL,
+            visible_at REAL NOT NULL,
+            receive_count INTEGER NOT NULL DEFAULT 0,
+            receipt TEXT UNIQUE
+        )""",
+        "CREATE INDEX queue_messages_by_tenant ON queue_messages (tier, tenant, visible_at, id)",
+        "CREATE INDEX queue_messages_visible ON queue_messages (tier, visible_at)",
+        # the round-robin: when each tenant of a tier was last served (0: never)
+        """CREATE TABLE queue_tenants (
+            tier TEXT NOT NULL,
+            tenant TEXT NOT NULL,
+            last_served INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (tier, tenant)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE queue_dead_letters (
+            id INTEGER PRIMARY KEY,
+            tier TEXT NOT NULL,
+            tenant TEXT NOT NULL,
+            body TEXT NOT NULL,
+            sent_at REAL NOT NULL,
+            moved_at REAL NOT NULL,
+            receive_count INTEGER NOT NULL
+        )""",
+        "CREATE INDEX queue_dead_letters_tier ON queue_dead_letters (tier, id)",
+    ),
+)
+
+#: the schema version this code writes
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNewError(RuntimeError):
+    """The file's schema is newer than this code knows (a newer version wrote it): not opened."""
+
+
+class _Holder:
+    """One thread's connection; closed when the thread ends (its thread-local storage goes away)."""
+
+    __slots__ = ("__weakref__", "connection", "pid")
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self.connection = connection
+        self.pid = os.getpid()
+
+    def close(self) -> None:
+        try:
+            self.connection.close()
+        except sqlite3.Error:
+            pass
+
+    def __del__(self) -> None:
+        if self.pid == os.getpid():  # a forked child must not close its parent's connection
+            self.close()
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+class Database:
+    """A SQLite file: one connection per thread (and per process), the schema migrated on open.
+
+    Args:
+        path: the database file (created with its directory if absent).
+        busy_timeout_ms: how long a writer waits for the write lock.
+    """
+
+    def __init__(self, path: str | Path, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+        self.path = Path(path)
+        self.busy_timeout_ms = busy_timeout_ms
+        self._local = threading.local()
+        self._holders: weakref.WeakSet[_Holder] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.migrate()
+
+    # ---- connections ---------------------------------------------------------------------------------
+    def _open(self) -> sqlite3.Connection:
+        # autocommit (isolation_level=None): transactions are explicit; check_same_thread=False only so that
+        # close() may close every thread's connection; each connection is used by its own thread only
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=0)
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            conn.close()
+            raise sqlite3.OperationalError(f"{self.path}: WAL mode refused (journal_mode={mode!r})")
+        conn.execute("PRAGMA synchronous = FULL")
+        return conn
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection (a new one in a new thread or a forked process)."""
+        holder: _Holder | None = getattr(self._local, "holder", None)
+        if holder is None or holder.pid != os.getpid():
+            holder = _Holder(self._open())
+            self._local.holder = holder
+            with self._lock:
+                self._holders.add(holder)
+        return holder.connection
+
+    def close(self) -> None:
+        """Close every thread's connection (a later call opens new ones)."""
+        with self._lock:
+            holders = [h for h in self._holders if h.pid == os.getpid()]
+            self._holders.clear()
+        for holder in holders:
+            holder.close()
+        self._local = threading.local()
+
+    # ---- transactions --------------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction: ``BEGIN IMMEDIATE`` takes the write lock at once, so what is read inside is
+        what is overwritten (no writer comes between). Commits on exit, rolls back on an exception. Keep it
+        short: every other writer waits for it.
+
+        Raises:
+            ThrottledError: the write lock stayed taken for the whole busy timeout.
+            RuntimeError: called inside another transaction of this thread.
+        """
+        conn = self.connection()
+        if conn.in_transaction:
+            raise RuntimeError("transactions do not nest")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                raise ThrottledError(f"{self.path}: the write lock stayed taken: {exc}") from None
+            raise
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if _is_busy(exc):
+                raise ThrottledError(f"{self.path}: commit refused: {exc}") from None
+            raise
+
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """All rows of one read statement (one consistent snapshot)."""
+        return list(self.connection().execute(sql, params).fetchall())
+
+    # ---- schema --------------------------------------------------------------------------------------
+    def schema_version(self) -> int:
+        row = self.connection().execute("PRAGMA user_version").fetchone()
+        return int(row[0])
+
+    def migrate(self) -> None:
+        """Apply the migrations the file lacks, in order, in one write transaction.
+
+        Raises:
+            SchemaTooNewError: the file's schema is newer than :data:`SCHEMA_VERSION`.
+        """
+        if self.schema_version() == SCHEMA_VERSION:
+            return
+        with self.transaction() as conn:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])  # again, under the write lock
+            if version > SCHEMA_VERSION:
+                raise SchemaTooNewError(
+                    f"{self.path}: schema version {version}, this code knows up to {SCHEMA_VERSION}"
+                )
+            for statements in MIGRATIONS[version:]:
+                for statement in statements:
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

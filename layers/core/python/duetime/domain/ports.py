@@ -1,0 +1,336 @@
+"""Ports: what the services need from storage, queues, logs and the timeout handler, named by transitions.
+
+Each port is a :class:`typing.Protocol`. The AWS adapter set (``duetime.adapters.aws``: DynamoDB, SQS, S3,
+Step Functions) implements them; ``tests/contract/`` holds every adapter set to the same behaviour. Services
+receive the ports through :class:`duetime.services.deps.Deps` and never see an expression, an index
+attribute, a page-token encoding or an SDK error code: adapters translate their SDK's failures into the
+errors of :mod:`duetime.domain.errors` (a failed condition becomes the transition's own error or ``None``).
+
+Conventions:
+- Instants are timezone-aware UTC ``datetime`` values, stored to the millisecond (what is below is dropped:
+  compare stored instants, not the caller's); durations are seconds. A run is keyed by ``(job_id, due_at)``.
+- A lease held until ``T`` is expired at ``now >= T`` (``lease_expires_at <= now``), the rule the sweeper's
+  selection, the lease-expiry condition and the shard leases share.
+- ``page_token`` values are opaque strings the store issued for the same listing (same tenant or job);
+  a malformed one, or one of another listing, raises :class:`~duetime.domain.errors.PageTokenError`. The
+  last page's token is None whenever the store knows it is the last (DynamoDB may hand one more token that
+  leads to an empty page). ``limit`` is at least 1.
+- Reads named "may lag" come from secondary indexes that follow the table by a moment on AWS (DynamoDB
+  GSIs); every other read, and every conditional write, sees the latest write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from aws_lambda_powertools.utilities.idempotency import BasePersistenceLayer
+
+from duetime.domain.lifecycle import AttemptEnd
+from duetime.domain.models import AttemptRecord, Job, Run, RunMessage
+
+#: The persistence of ``Idempotency-Key`` records: Powertools' own port (its abstract persistence layer), so
+#: any store can back the API's idempotency (DynamoDB on AWS; a custom layer elsewhere).
+IdempotencyPersistence = BasePersistenceLayer
+
+
+class JobStore(Protocol):
+    """Jobs, their claims, and the per-tenant counters and shard leases kept beside them."""
+
+    def put_new_job(self, job: Job) -> None:
+        """Insert ``job``. Raises JobExistsError if its id is taken."""
+
+    def get_job(self, job_id: str) -> Job | None:
+        """The job, or None; strongly consistent."""
+
+    def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """The stored jobs among ``job_ids`` by id (absent ones left out); strongly consistent.
+        Raises ThrottledError if the store kept refusing part of the read."""
+
+    def replace_job(self, job: Job, *, expected_version: int, expected_next_fire_at: datetime | None) -> None:
+        """Write ``job`` over the stored one if its ``version`` and ``next_fire_at`` are still the expected
+        ones (optimistic concurrency). Raises ConflictError otherwise."""
+
+    def list_jobs(
+        self,
+        tenant: str,
+        *,
+        limit: int,
+        page_token: str | None = None,
+        state: str | None = None,
+        name_prefix: str | None = None,
+    ) -> tuple[list[Job], str | None]:
+        """The tenant's jobs, newest first (DELETED ones only when ``state="DELETED"``), and the next page's
+        token (None on the last page). May lag for a job just created or changed state."""
+
+    def query_due(self, shard: int, until: datetime) -> Iterator[Job]:
+        """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (may lag writes by a moment)."""
+
+    def advance(
+        self, job_id: str, *, claimed: datetime, next_fire_at: datetime | None, now: datetime, missed: int = 0
+    ) -> None:
+        """Claim step 2: move ``next_fire_at`` from ``claimed`` on (None: the job is COMPLETED), adding
+        ``missed`` to ``missed_slots``. Raises StaleClaimError if another claimer moved it first."""
+
+    def add_missed_slots(self, job_id: str, count: int) -> None:
+        """Add ``count`` to the job's ``missed_slots`` (no-op for an absent job)."""
+
+    def add_active_jobs(self, tenant: str, delta: int, *, limit: int | None = None) -> bool:
+        """Add ``delta`` to the tenant's active-jobs counter; with ``limit``, only if it stays within it
+        (False: refused, nothing changed)."""
+
+    def count_submit(self, tenant: str, minute: datetime, *, limit: int) -> bool:
+        """Count one submit in the tenant's ``minute``; False (nothing counted) when ``limit`` is reached."""
+
+    def acquire_shard_lease(self, shard: int, *, owner: str, now: datetime, lease_seconds: float) -> bool:
+        """Take or renew the tick's lease on ``shard``; False while another owner's lease is unexpired."""
+
+    def release_shard_lease(self, shard: int, *, owner: str, now: datetime) -> None:
+        """End ``owner``'s lease on ``shard`` now (no-op if another owner holds it)."""
+
+
+class RunStore(Protocol):
+    """Runs: each transition is one conditional write; a run that moved on meanwhile is not touched."""
+
+    # ---- reads ---------------------------------------------------------------------------------------
+    def get_run(self, job_id: str, due_at: datetime) -> Run | None:
+        """The run, or None; strongly consistent."""
+
+    def list_runs(self, job_id: str, *, limit: int = 20) -> list[Run]:
+        """The job's most recent ``limit`` runs, newest due time first."""
+
+    def query_runs(
+        self,
+        job_id: str,
+        *,
+        limit: int,
+        page_token: str | None = None,
+        state: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        active_only: bool = False,
+    ) -> tuple[list[Run], str | None]:
+        """The job's runs due in ``[since, until]``, newest first, of ``state`` (``active_only``: not
+        terminal), and the next page's token."""
+
+    def query_overdue(self, shard: int, until: datetime) -> Iterator[Run]:
+        """Non-terminal runs of ``shard`` whose ``watch_at <= until``, oldest watch time first. May lag."""
+
+    def query_active(self, job_id: str, *, before: datetime) -> list[datetime]:
+        """Due times of the job's active runs (overlap-policy jobs' non-terminal runs, and runs held by a
+        pause) due before ``before``, oldest first. May lag writes by a moment."""
+
+    def query_active_after(self, job_id: str, *, after: datetime, limit: int = 1) -> list[datetime]:
+        """Due times of the job's active runs due after ``after``, oldest first, at most ``limit``."""
+
+    def query_dead_letters(
+        self, tenant: str, *, limit: int = 20, page_token: str | None = None
+    ) -> tuple[list[Run], str | None]:
+        """The tenant's dead-lettered runs, most recently dead-lettered first, and the next page's token.
+        May lag."""
+
+    def count_running(self, tenant: str) -> int:
+        """How many of the tenant's runs are RUNNING (counted only for runs started with ``running_tenant``,
+        where a RUNNING quota is set). May lag."""
+
+    # ---- transitions (DESIGN.md section 5) -----------------------------------------------------------
+    def put_new_run(self, run: Run) -> None:
+        """Claim step 1: insert ``run`` if its key is new. Raises AlreadyClaimedError otherwise."""
+
+    def start(
+        self,
+        job_id: str,
+        due_at: datetime,
+        *,
+        attempt: int,
+        owner: str,
+        lease_expires_at: datetime,
+        now: datetime,
+        deadline_at: datetime | None = None,
+        watch_at: datetime | None = None,
+        running_tenant: str | None = None,
+    ) -> Run:
+        """PENDING at ``attempt`` (or RETRY_WAIT at ``attempt - 1`` past its ``retry_at``) -> RUNNING, the
+        fencing token raised by one; refused for a held run and for attempt 1 past its starting deadline.
+        Raises StartRejectedError otherwise."""
+
+    def heartbeat(
+        self,
+        job_id: str,
+        due_at: datetime,
+        *,
+        fencing_token: int,
+        lease_expires_at: datetime,
+        watch_at: datetime | None = None,
+    ) -> Run:
+        """Extend the lease while RUNNING under ``fencing_token``. Raises LeaseLostError otherwise."""
+
+    def end_attempt(self, end: AttemptEnd) -> Run:
+        """Apply ``end`` while the run is RUNNING under ``end.expected_token`` (and, with
+        ``end.lease_expired_by``, its lease expired by then). Raises LeaseLostError otherwise."""
+
+    def skip_pending(
+        self, job_id: str, due_at: datetime, *, attempt: int, reason: str, now: datetime
+    ) -> Run | None:
+        """PENDING at ``attempt`` -> SKIPPED with ``reason``; None if the run moved on."""
+
+    def hold(
+        self, job_id: str, due_at: datetime, *, reason: str, now: datetime, recheck_at: datetime
+    ) -> Run | None:
+        """A PENDING first attempt, not held -> held by ``reason`` (it becomes an active run, watched again
+        at ``recheck_at``); None if the run moved on."""
+
+    def release_held(self, run: Run, *, now: datetime, watch_at: datetime) -> Run | None:
+        """``run``, still PENDING at its attempt and held as read -> no longer held, watched at
+        ``watch_at``; None if the run moved on."""
+
+    def defer_pending(
+        self,
+        job_id: str,
+        due_at: datetime,
+        *,
+        attempt: int,
+        watch_at: datetime,
+        held: str | None = None,
+        seen_watch_at: datetime | None = None,
+    ) -> Run | None:
+        """Push a PENDING run's watch time to ``watch_at`` (it waits behind an overlap, its hold is still
+        due, or its message is re-sent), if it is still PENDING at ``attempt`` with that ``held`` value
+        (and, with ``seen_watch_at``, that watch time: of two sweepers, one re-sends). None if it moved on."""
+
+    def release_retry(
+        self, job_id: str, due_at: datetime, *, attempt: int, now: datetime, watch_at: datetime
+    ) -> Run | None:
+        """RETRY_WAIT at ``attempt`` -> PENDING at ``attempt + 1``, watched at ``watch_at``; None if it
+        moved on."""
+
+    def cancel(
+        self, run: Run, *, reason: str, now: datetime, record: AttemptRecord | None = None
+    ) -> Run | None:
+        """``run``, still in its state under its fencing token -> CANCELLED, the token raised (a running
+        worker's next heartbeat fails), ``record`` appended for a RUNNING attempt. None if it moved on."""
+
+    def redrive(self, run: Run, *, now: datetime, watch_at: datetime) -> Run | None:
+        """A terminal ``run`` (still in its state at its attempt) -> PENDING at ``attempt + 1`` with a fresh
+        attempt budget, no longer dead-lettered. None if it moved on."""
+
+    def record_event(self, job_id: str, due_at: datetime, event: Mapping[str, Any]) -> None:
+        """Append ``event`` (``at``, ``kind``, ``detail``) to the run's history (no-op for an absent run)."""
+
+
+class Store(JobStore, RunStore, Protocol):
+    """Jobs and runs in one store (the claim writes both)."""
+
+
+#: a tier queue's visibility timeout, seconds: a delivery stays hidden this long after a receive (a worker
+#: extends it while it runs the task; a worker that dies lets it reappear)
+QUEUE_VISIBILITY_SECONDS = 120
+#: deliveries of one message before the queue moves it to the tier's dead-letter queue
+QUEUE_MAX_RECEIVE_COUNT = 10
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    """One delivery of a run message.
+
+    Attributes:
+        message: the run message, or None when the body is not one (it is dropped).
+        receipt_handle: the handle that deletes this delivery or extends its visibility.
+        body: the raw body.
+        receive_count: how many times the message has been delivered, this one included.
+    """
+
+    message: RunMessage | None
+    receipt_handle: str
+    body: str
+    receive_count: int
+
+
+class RunQueue(Protocol):
+    """The tier queues that wake runs up (at-least-once delivery; the run row, not the message, is truth)."""
+
+    def send(self, tier: str, message: RunMessage, *, delay: int = 0) -> None:
+        """Deliver ``message`` on ``tier``'s queue after ``delay`` seconds (0..900), fair across tenants."""
+
+    def receive(
+        self,
+        tier: str,
+        *,
+        max_messages: int = 1,
+        wait_seconds: int = 1,
+        visibility_seconds: int | None = None,
+    ) -> list[ReceivedMessage]:
+        """Up to ``max_messages`` deliveries, waiting up to ``wait_seconds``; each stays hidden from other
+        receivers for ``visibility_seconds`` (default: the queue's)."""
+
+    def delete(self, tier: str, receipt_handle: str) -> None:
+        """Delete a delivery (an expired handle is ignored: another receiver has it now)."""
+
+    def extend_visibility(self, tier: str, receipt_handle: str, seconds: int) -> None:
+        """Keep a delivery hidden ``seconds`` more (best effort)."""
+
+
+class LogStore(Protocol):
+    """Run logs: one final object per attempt, streamed in numbered chunks while the attempt runs."""
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store the final log ``data`` (UTF-8 text) at ``key``."""
+
+    def put_chunk(self, key: str, seq: int, data: bytes) -> None:
+        """Store chunk ``seq`` (0, 1, ...) of the running attempt's log ``key``."""
+
+    def get(self, key: str) -> bytes | None:
+        """The final log at ``key``, else its chunks in order, else None."""
+
+    def get_final(self, key: str) -> bytes | None:
+        """The final log at ``key`` only, or None."""
+
+    def delete_chunks(self, key: str, count: int | None = None) -> None:
+        """Delete chunks ``0..count-1`` of ``key`` (all of them when ``count`` is None).
+        Raises LogStoreError if some were not deleted."""
+
+
+@dataclass(frozen=True)
+class TimeoutPlan:
+    """Everything one timeout-handler execution does, decided ahead (DESIGN.md section 5).
+
+    Attributes:
+        name: the execution's name, ``<run id>-a<attempt>``: a second start for one attempt is a no-op.
+        end: the fence: the attempt ends TIMED_OUT (or RETRY_WAIT) under the stuck worker's token, raised.
+        retry: the next attempt's wake-up and its delay in seconds, when the backoff fits a message delay.
+        triggered: the run ``on_timeout: trigger`` creates (put if new) and its wake-up.
+        successor: the wake-up of the overlap successor waiting behind the run, when the fence ends it.
+    """
+
+    run: Run
+    name: str
+    end: AttemptEnd
+    retry: tuple[RunMessage, int] | None = None
+    triggered: tuple[Run, RunMessage] | None = None
+    successor: RunMessage | None = None
+
+    @property
+    def dead_letters(self) -> bool:
+        return self.end.dead_lettered
+
+
+class TimeoutRunner(Protocol):
+    """Runs timeout plans: a Step Functions state machine on AWS, or in-process (the same steps)."""
+
+    def start(self, plan: TimeoutPlan) -> bool:
+        """Start ``plan`` (idempotent by ``plan.name``). Returns False if it had already been started, and
+        (where the runner applies the fence itself) if the run was already settled. A state machine learns
+        the latter only as it runs: its execution then ends ``AlreadySettled`` with nothing applied."""
+
+
+class LambdaInvoker(Protocol):
+    """Invokes a function asynchronously (the AWS adapter: ``duetime.adapters.aws.lambda_invoker``)."""
+
+    def invoke_event(self, function: str, payload: bytes) -> str:
+        """Queue one asynchronous invocation of ``function``; returns its request id.
+
+        Raises:
+            InvokeError: Lambda refused it (its error code is ``code``).
+        """

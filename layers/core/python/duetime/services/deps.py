@@ -1,0 +1,44 @@
+"""What every service receives: settings, the ports and a clock.
+
+Services take one :class:`Deps` and reach storage, queues, logs and the timeout handler only through the
+ports of :mod:`duetime.domain.ports`. The composition root, :mod:`duetime.config.deps`, builds the AWS
+adapter set for the handlers; tests build their own (moto-backed adapters, a ``FixedClock``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from duetime.config.settings import Settings
+from duetime.domain.clock import Clock
+from duetime.domain.ports import IdempotencyPersistence, LogStore, RunQueue, Store, TimeoutRunner
+
+
+def _never(exc: BaseException) -> bool:  # noqa: ARG001 - the default classifier knows no endpoint
+    return False
+
+
+@dataclass
+class Deps:
+    """Attributes:
+    settings: the process's settings.
+    store: jobs and runs (:class:`~duetime.domain.ports.Store`).
+    queues: the tier queues (:class:`~duetime.domain.ports.RunQueue`).
+    logs: run logs (:class:`~duetime.domain.ports.LogStore`).
+    clock: the clock every service reads (UTC).
+    timeouts: runs timeout plans (Step Functions, or in-process when None: :mod:`duetime.services.timeouts`).
+    idempotency: returns the persistence layer of ``Idempotency-Key`` records (created on first use); None
+        where the deployment keeps none (the API refuses the header).
+    unreachable: True for an exception that says the backing service could not be reached at all (a
+        worker logs one line for it instead of a traceback).
+    """
+
+    settings: Settings
+    store: Store
+    queues: RunQueue
+    logs: LogStore
+    clock: Clock
+    timeouts: TimeoutRunner | None = None
+    idempotency: Callable[[], IdempotencyPersistence] | None = None
+    unreachable: Callable[[BaseException], bool] = field(default=_never)

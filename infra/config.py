@@ -163,7 +163,7 @@ class StageConfig(Frozen):
                 "jobs_table": "-",
                 "runs_table": "-",
                 "logs_bucket": "-",
-                "queue_urls": {},
+                "queue_urls": {"small": "-"},
                 "shard_count": self.shard_count,
                 "run_retention_days": self.retention_days,
             }

@@ -15,13 +15,12 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from duetime.adapters.aws.lambda_invoker import BotoLambdaInvoker
-from duetime.config.deps import default_deps
+from duetime.config.deps import default_deps, lambda_invoker
 from duetime.config.observability import logger, metrics
 from duetime.services.lambda_tasks import DispatchOutcome, RunMessageRecord, dispatch
 
 processor = BatchProcessor(event_type=EventType.SQS, model=RunMessageRecord)
-invoker = BotoLambdaInvoker()
+invoker = lambda_invoker()
 
 _METRICS = {
     DispatchOutcome.INVOKED: "RunDispatched",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -103,3 +104,51 @@ def test_record_event_appends_to_the_runs_history_and_ignores_an_absent_run(adap
     assert stored.model_copy(update={"events": []}) == run
     adapters.store.record_event(run.job_id, T0 + MS, first)
     assert adapters.store.get_run(run.job_id, T0 + MS) is None
+
+
+def test_a_job_write_keeps_the_fields_a_newer_version_stored(adapters: Adapters) -> None:
+    # a rollback must never lose what a newer version wrote: its row reads leniently, and a write of the
+    # fields this version knows leaves the others in place (a later roll-forward reads them back)
+    from duetime.domain.models import Job
+
+    store = adapters.store
+    job = make_job("newer-fields")
+    store.put_new_job(job)
+    _add_unknown_field(adapters, job.job_id)
+    read = store.get_job(job.job_id)
+    assert read is not None and read == job
+    store.replace_job(
+        read.model_copy(update={"name": "renamed", "version": 2}),
+        expected_version=read.version,
+        expected_next_fire_at=read.next_fire_at,
+    )
+    assert _unknown_field(adapters, job.job_id) == "kept"
+    assert isinstance(store.get_job(job.job_id), Job)
+
+
+def _add_unknown_field(adapters: Adapters, job_id: str) -> None:
+    """What a newer version would write (through the adapter's own storage: no port writes unknown fields)."""
+    store: Any = adapters.store
+    if adapters.kind == "aws":
+        store._ddb.update_item(
+            TableName=store.jobs_table,
+            Key={"job_id": {"S": job_id}},
+            UpdateExpression="SET future_field = :v",
+            ExpressionAttributeValues={":v": {"S": "kept"}},
+        )
+    else:
+        with store.db.transaction() as conn:
+            conn.execute(
+                "UPDATE jobs SET doc = json_set(doc, '$.future_field', 'kept') WHERE job_id = ?", (job_id,)
+            )
+
+
+def _unknown_field(adapters: Adapters, job_id: str) -> Any:
+    store: Any = adapters.store
+    if adapters.kind == "aws":
+        item = store._ddb.get_item(TableName=store.jobs_table, Key={"job_id": {"S": job_id}})["Item"]
+        return item.get("future_field", {}).get("S")
+    [(value,)] = store.db.read(
+        "SELECT json_extract(doc, '$.future_field') FROM jobs WHERE job_id = ?", (job_id,)
+    )
+    return value

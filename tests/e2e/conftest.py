@@ -54,8 +54,21 @@ class Stack:
         )
 
 
-def start_stack(workdir: Path, *extra: str) -> Stack:
-    cmd = [sys.executable, "-m", "duetime", "local", "--api-port", "0", "--no-demo", *extra]
+def start_stack(workdir: Path, *extra: str, backend: str = "sqlite") -> Stack:
+    """``duetime local`` in ``workdir`` on ``backend`` (the default one: sqlite; "moto" for the AWS
+    adapters), once it says Ready."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "duetime",
+        "local",
+        "--api-port",
+        "0",
+        "--no-demo",
+        "--backend",
+        backend,
+        *extra,
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DUETIME_"))}
     proc = subprocess.Popen(
         cmd,

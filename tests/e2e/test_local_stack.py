@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -27,10 +28,24 @@ def _ts(text: str) -> datetime:
 def test_state_file_says_where_everything_is(stack: Stack) -> None:
     state = json.loads((stack.workdir / ".duetime" / "local.json").read_text())
     assert state["api_url"] == stack.api
-    assert state["aws_endpoint"].startswith("http://127.0.0.1:")
-    assert set(state["queues"]) == {"lambda", "small", "medium", "large"}
-    assert state["tables"] == {"jobs": "duetime-jobs", "runs": "duetime-runs"}
+    # the default backend: everything in one SQLite file of the state directory, logs beside it
+    assert state["backend"] == "sqlite" and "aws_endpoint" not in state
+    assert Path(state["database"]) == (stack.workdir / ".duetime" / "duetime.sqlite").resolve()
+    assert Path(state["database"]).is_file() and Path(state["logs"]).is_dir()
     assert stack.request("GET", "/healthz") == (200, {"status": "ok"})
+
+
+def test_the_moto_backend_state_file_names_its_endpoint_tables_and_queues(tmp_path) -> None:
+    s = start_stack(tmp_path, "--tick-seconds", "1", "--workers", "0", backend="moto")
+    try:
+        state = json.loads((tmp_path / ".duetime" / "local.json").read_text())
+        assert state["backend"] == "moto" and state["aws_endpoint"].startswith("http://127.0.0.1:")
+        assert set(state["queues"]) == {"lambda", "small", "medium", "large"}
+        assert state["tables"] == {"jobs": "duetime-jobs", "runs": "duetime-runs"}
+        status, job = s.request("POST", "/jobs", _job(["true"], schedule={"expression": "rate(1 hour)"}))
+        assert status == 201, job
+    finally:
+        assert stop_stack(s) == 0
 
 
 def test_a_run_now_job_succeeds_and_its_log_names_its_run(stack: Stack) -> None:
@@ -134,7 +149,7 @@ def test_bad_input_over_http_is_a_4xx_naming_the_field(stack: Stack) -> None:
 
 
 def test_sigterm_stops_every_process_the_stack_started(tmp_path) -> None:
-    s = start_stack(tmp_path, "--tick-seconds", "1", "--workers", "1")
+    s = start_stack(tmp_path, "--tick-seconds", "1", "--workers", "1", backend="moto")
     state = json.loads((tmp_path / ".duetime" / "local.json").read_text())
     port = int(state["aws_endpoint"].rsplit(":", 1)[1])
     assert stop_stack(s) == 0
@@ -151,7 +166,7 @@ def test_a_sigkilled_stack_takes_moto_its_workers_and_their_tasks_with_it(tmp_pa
     import socket
 
     # Given a stack whose one small worker runs a long task (a sleep with a marker duration)
-    s = start_stack(tmp_path, "--tick-seconds", "1", "--workers", "1")
+    s = start_stack(tmp_path, "--tick-seconds", "1", "--workers", "1", backend="moto")
     try:
         port = int(
             json.loads((tmp_path / ".duetime" / "local.json").read_text())["aws_endpoint"].rsplit(":")[-1]
@@ -271,20 +286,8 @@ def test_a_stopped_worker_past_the_deadline_is_fenced_by_the_state_machine(stack
         # Then the sweeper starts the timeout handler, which fences the attempt: TIMED_OUT, token bumped
         [run] = stack.wait_run(job["job_id"], {"TIMED_OUT"}, timeout=30)
         assert run["timeout_execution"] and run["fencing_token"] == 2
-        state = json.loads((stack.workdir / ".duetime" / "local.json").read_text())
-        import boto3
-
-        sfn = boto3.client(
-            "stepfunctions",
-            endpoint_url=state["aws_endpoint"],
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
-        executions = sfn.list_executions(stateMachineArn=state["state_machines"]["timeout_handler"])[
-            "executions"
-        ]
-        assert run["timeout_execution"] in [e["name"] for e in executions]
+        # (the default backend runs the handler's plan in-process, under the same execution name)
+        assert run["timeout_execution"] == f"{run['run_id'].replace('.', '-')}-a1"
     finally:
         os.kill(pid, signal.SIGCONT)
     # And after SIGCONT the worker's heartbeat or finish is rejected and its task's process tree is gone

@@ -95,7 +95,8 @@ def kill9_with_every_tier_busy(workdir: Path) -> float:
     process took to go (fails if any is left after GONE_WITHIN_SECONDS)."""
     mark = uuid.uuid4().hex
     workdir.mkdir(parents=True, exist_ok=True)
-    stack = start_stack(workdir, "--tick-seconds", "1", "--workers", "2")
+    # the moto backend: moto's server is one more process that must go with the stack
+    stack = start_stack(workdir, "--tick-seconds", "1", "--workers", "2", backend="moto")
     seen: dict[int, int] = {}
     try:
         # Given a stack whose every tier runs a task (its other worker long-polling its queue)

@@ -256,7 +256,7 @@ def stacks() -> Iterator[Callable[..., Stack]]:
 
     def start(workdir: Path, *args: str) -> Stack:
         workdir.mkdir(parents=True, exist_ok=True)
-        stack = start_stack(workdir, *args)
+        stack = start_stack(workdir, *args, backend="moto")  # faults are injected into the AWS SDK's calls
         started.append(stack)
         return stack
 

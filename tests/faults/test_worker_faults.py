@@ -44,7 +44,7 @@ pytestmark = pytest.mark.faults
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """One stack for the scenarios that leave it healthy: two workers per tier, short leases."""
-    s = start_stack(tmp_path_factory.mktemp("worker-faults"), *FAST, "--workers", "2")
+    s = start_stack(tmp_path_factory.mktemp("worker-faults"), *FAST, "--workers", "2", backend="moto")
     yield s
     stop_stack(s)
 

@@ -40,7 +40,14 @@ from duetime.adapters.aws.resources import (  # noqa: E402
     runs_table_definition,
 )
 from duetime.adapters.aws.stepfunctions import state_machine_definition  # noqa: E402
-from duetime.config.settings import ALL_TIERS, CONTAINER_TIERS, ENV_VARS, Settings, settings_from_env  # noqa: E402
+from duetime.config.settings import (  # noqa: E402
+    ALL_TIERS,
+    AWS_BACKEND_FIELDS,
+    CONTAINER_TIERS,
+    ENV_VARS,
+    Settings,
+    settings_from_env,
+)
 from infra.constructs.functions import FUNCTIONS  # noqa: E402
 from infra.constructs.queues import DISPATCHER_TIMEOUT_SECONDS  # noqa: E402
 
@@ -371,7 +378,10 @@ def test_functions_run_arm64_python312_with_json_logs_tracing_and_a_role_each(de
 
 
 def test_every_function_and_worker_gets_every_setting_the_code_reads(dev: Synthesized) -> None:
-    required = {v for v, f in ENV_VARS.items() if Settings.model_fields[f].is_required()}
+    # every setting the AWS backend cannot do without (the deployed stack has no state directory)
+    required = {
+        v for v, f in ENV_VARS.items() if Settings.model_fields[f].is_required() or f in AWS_BACKEND_FIELDS
+    }
     assert required >= {
         "DUETIME_JOBS_TABLE",
         "DUETIME_RUNS_TABLE",

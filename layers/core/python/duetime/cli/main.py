@@ -37,6 +37,17 @@ def _global_options(
 
 @app.command()
 def local(
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="sqlite: durable state in --state-dir (default); moto: the AWS adapters on moto's server, "
+            "state kept in memory only"
+        ),
+    ] = "sqlite",
+    state_dir: Annotated[
+        Path, typer.Option(help="where the sqlite backend keeps jobs, runs, queues and logs")
+    ] = Path(".duetime"),
+    reset: Annotated[bool, typer.Option("--reset", help="start with an empty state directory")] = False,
     api_port: Annotated[int, typer.Option(help="HTTP port of the API (0 = any free port)")] = 8765,
     tick_seconds: Annotated[float, typer.Option(min=0.2, help="clock loop period, seconds")] = 60.0,
     workers: Annotated[int, typer.Option(min=0, help="worker processes per container tier")] = 2,
@@ -78,8 +89,15 @@ def local(
         ),
     ] = None,
 ) -> None:
-    """Run the whole stack on this machine against moto's server on 127.0.0.1, until Ctrl-C."""
-    from duetime.local.stack import LocalOptions, LocalStack
+    """Run the whole stack on this machine until Ctrl-C: state in .duetime/ (kept across restarts), or on
+    moto's server on 127.0.0.1 with --backend moto."""
+    from duetime.adapters.sqlite.db import StateFileError
+    from duetime.local.stack import BACKENDS, LocalOptions, LocalStack, StateDirInUseError
+
+    if backend not in BACKENDS:
+        raise typer.BadParameter(f"{backend!r}: one of {', '.join(BACKENDS)}", param_hint="--backend")
+    if aws_endpoint and backend != "moto":
+        raise typer.BadParameter("needs --backend moto", param_hint="--aws-endpoint")
 
     if heartbeat_seconds >= lease_seconds:
         raise typer.BadParameter("must be shorter than --lease-seconds", param_hint="--heartbeat-seconds")
@@ -103,6 +121,10 @@ def local(
             raise typer.BadParameter(str(exc), param_hint="--lambda") from None
     stack = LocalStack(
         LocalOptions(
+            backend=backend,
+            state_dir=state_dir,
+            reset=reset,
+            state_file=state_dir / "local.json",
             api_port=api_port,
             tick_seconds=tick_seconds,
             workers=workers,
@@ -122,6 +144,10 @@ def local(
     )
     try:
         stack.start()
+    except (StateDirInUseError, StateFileError) as exc:
+        stack.stop()
+        typer.echo(f"duetime local: {exc}", err=True)
+        raise typer.Exit(1) from None
     except Exception:
         stack.stop()
         raise

@@ -9,24 +9,38 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
+from pathlib import Path
+from typing import TypeVar
 
 from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
 from duetime.adapters.aws import clients as aws
 from duetime.adapters.aws.dynamodb import DynamoStore
+from duetime.adapters.aws.lambda_invoker import BotoLambdaInvoker
 from duetime.adapters.aws.s3_logs import S3Logs
 from duetime.adapters.aws.sqs import SqsQueues
 from duetime.adapters.aws.stepfunctions import StepFunctionsTimeoutRunner
 from duetime.config.settings import Settings, get_settings
 from duetime.domain.clock import Clock, SystemClock
+from duetime.domain.ports import IdempotencyPersistence, LambdaInvoker
 from duetime.services.deps import Deps
 
-__all__ = ["Deps", "default_deps", "deps_from_settings"]
+__all__ = ["Deps", "default_deps", "deps_from_settings", "lambda_invoker", "sqlite_deps"]
+
+T = TypeVar("T")
+
+
+#: the embedded backend's database file and log directory, inside ``settings.state_dir``
+DATABASE_FILE = "duetime.sqlite"
+LOGS_DIR = "logs"
 
 
 def deps_from_settings(settings: Settings, clock: Clock | None = None) -> Deps:
-    """The AWS adapters for ``settings``' tables, queues, bucket and timeout state machine (clients are
-    created lazily, on first use). Without a state machine ARN, timeouts run in-process."""
+    """The adapters ``settings`` name: the embedded SQLite set when ``state_dir`` is set
+    (:func:`sqlite_deps`), else the AWS set for its tables, queues, bucket and timeout state machine
+    (clients are created lazily, on first use; without a state machine ARN, timeouts run in-process)."""
+    if settings.state_dir is not None:
+        return sqlite_deps(settings, clock)
     store = DynamoStore(
         settings.jobs_table,
         settings.runs_table,
@@ -47,6 +61,52 @@ def deps_from_settings(settings: Settings, clock: Clock | None = None) -> Deps:
     )
 
 
+def sqlite_deps(settings: Settings, clock: Clock | None = None) -> Deps:
+    """The embedded adapter set under ``settings.state_dir``: jobs, runs, queues and idempotency records in
+    one SQLite file (``duetime.sqlite``, WAL: every process of the stack shares it), logs as files under
+    ``logs/``; timeouts run in-process (no Step Functions).
+
+    Raises:
+        StateFileError: the database cannot be opened (corrupted, locked, read-only, a newer schema).
+    """
+    from duetime.adapters.sqlite.logs import FileLogs
+    from duetime.adapters.sqlite.queue import SqliteQueues
+    from duetime.adapters.sqlite.store import SqliteStore
+
+    assert settings.state_dir is not None
+    root = Path(settings.state_dir)
+    clock = clock or SystemClock()
+    path = root / DATABASE_FILE
+    store = SqliteStore(path, clock=clock, run_retention_days=settings.run_retention_days)
+    persistence = _lazy(lambda: _sqlite_idempotency(path))
+    return Deps(
+        settings=settings,
+        store=store,
+        queues=SqliteQueues(path, clock=clock),
+        logs=FileLogs(root / LOGS_DIR),
+        clock=clock,
+        idempotency=persistence,
+    )
+
+
+def _sqlite_idempotency(path: Path) -> IdempotencyPersistence:
+    from duetime.adapters.sqlite.idempotency import SqlitePersistenceLayer
+
+    return SqlitePersistenceLayer(path)
+
+
+def _lazy(make: Callable[[], T]) -> Callable[[], T]:
+    """``make()`` on the first call, the same object after."""
+    made: list[T] = []
+
+    def get() -> T:
+        if not made:
+            made.append(make())
+        return made[0]
+
+    return get
+
+
 def _dynamodb_idempotency(table: str | None) -> Callable[[], DynamoDBPersistenceLayer] | None:
     """Powertools' DynamoDB persistence layer on ``table``, created on first use (it makes its client then)."""
     if table is None:
@@ -57,6 +117,12 @@ def _dynamodb_idempotency(table: str | None) -> Callable[[], DynamoDBPersistence
 @lru_cache(maxsize=8)
 def _persistence(table: str) -> DynamoDBPersistenceLayer:
     return DynamoDBPersistenceLayer(table_name=table)
+
+
+def lambda_invoker() -> LambdaInvoker:
+    """The dispatcher's Lambda invoker (``lambda:InvokeFunction``; locally, ``AWS_ENDPOINT_URL_LAMBDA``
+    points it at the local stack's Lambda runtime, whichever backend holds the state)."""
+    return BotoLambdaInvoker()
 
 
 @lru_cache(maxsize=1)

@@ -15,13 +15,18 @@ import os
 from collections.abc import Mapping
 from functools import lru_cache
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from duetime.domain.errors import DuetimeError
 
 #: Container tiers served by worker fleets, and the Lambda tier served by the dispatcher.
 CONTAINER_TIERS: tuple[str, ...] = ("small", "medium", "large")
 ALL_TIERS: tuple[str, ...] = ("lambda", *CONTAINER_TIERS)
+
+
+#: the settings the AWS backend cannot do without (the embedded one, under ``state_dir``, needs none of them)
+AWS_BACKEND_FIELDS: tuple[str, ...] = ("jobs_table", "runs_table", "logs_bucket", "queue_urls")
 
 
 class SettingsError(DuetimeError):
@@ -37,11 +42,15 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    jobs_table: str = Field(min_length=1)
-    runs_table: str = Field(min_length=1)
-    logs_bucket: str = Field(min_length=1)
+    #: the embedded backend's state directory (``DUETIME_STATE_DIR``): set, jobs, runs, queues and
+    #: idempotency records live in ``<state_dir>/duetime.sqlite`` and logs under ``<state_dir>/logs``
+    #: (``duetime local``'s default); unset, the AWS backend below (all four required)
+    state_dir: str | None = None
+    jobs_table: str = ""
+    runs_table: str = ""
+    logs_bucket: str = ""
     #: tier -> SQS queue URL, from ``DUETIME_QUEUE_URLS`` (a JSON object).
-    queue_urls: dict[str, str]
+    queue_urls: dict[str, str] = Field(default_factory=dict)
     shard_count: int = Field(default=4, ge=1, le=1024)
     tick_period_seconds: float = Field(default=60.0, gt=0)
     #: extra lookahead beyond one tick period (covers the tick's own running time).
@@ -78,6 +87,20 @@ class Settings(BaseModel):
             raise ValueError(f"unknown tiers {sorted(unknown)}; tiers are {list(ALL_TIERS)}")
         return value
 
+    @model_validator(mode="after")
+    def _backend_complete(self) -> Settings:
+        if self.state_dir is None:
+            for name in AWS_BACKEND_FIELDS:
+                if not getattr(self, name):
+                    # reported as the variable being missing (settings_from_env names it)
+                    raise PydanticCustomError("missing", "{field} is required", {"field": name})
+        return self
+
+    @property
+    def backend(self) -> str:
+        """``"sqlite"`` (the embedded backend, under ``state_dir``) or ``"aws"``."""
+        return "sqlite" if self.state_dir is not None else "aws"
+
     @property
     def tick_lookahead_seconds(self) -> float:
         """How far ahead of now a tick (or the API) claims runs: one tick period plus the margin."""
@@ -93,6 +116,7 @@ class Settings(BaseModel):
 
 #: environment variable -> Settings field
 ENV_VARS: dict[str, str] = {
+    "DUETIME_STATE_DIR": "state_dir",
     "DUETIME_JOBS_TABLE": "jobs_table",
     "DUETIME_RUNS_TABLE": "runs_table",
     "DUETIME_LOGS_BUCKET": "logs_bucket",
@@ -137,7 +161,7 @@ def settings_from_env(environ: Mapping[str, str]) -> Settings:
         return Settings.model_validate(values)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else "?"
+        field = str(first["loc"][0]) if first["loc"] else str((first.get("ctx") or {}).get("field", "?"))
         var = next((v for v, f in ENV_VARS.items() if f == field), field)
         problem = "is required" if first["type"] == "missing" else first["msg"]
         raise SettingsError(f"{var} {problem}") from None

@@ -3,8 +3,10 @@
 Each port is a :class:`typing.Protocol`. The AWS adapter set (``duetime.adapters.aws``: DynamoDB, SQS, S3,
 Step Functions) implements them; ``tests/contract/`` holds every adapter set to the same behaviour. Services
 receive the ports through :class:`duetime.services.deps.Deps` and never see an expression, an index
-attribute, a page-token encoding or an SDK error code: adapters translate their SDK's failures into the
-errors of :mod:`duetime.domain.errors` (a failed condition becomes the transition's own error or ``None``).
+attribute, a page-token encoding or an SDK error code: adapters translate the failures they expect into
+the errors of :mod:`duetime.domain.errors` (a failed condition becomes the transition's own error or
+``None``). Other faults of a backing service (an outage, throttling past the retries) propagate as the
+SDK raised them; whoever answers a caller translates throttling (``duetime.adapters.aws.errors``).
 
 Conventions:
 - Instants are timezone-aware UTC ``datetime`` values, stored to the millisecond (what is below is dropped:

@@ -21,6 +21,7 @@ moto never runs Lambda code, so the local stack brings its own Lambda, just larg
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -43,7 +44,7 @@ from urllib.parse import unquote
 from duetime.adapters.aws import clients as aws
 from duetime.domain.logs import log_key
 from duetime.domain.models import MAX_LAMBDA_TIMEOUT_SECONDS, function_name_of
-from duetime.domain.ports import LogStore
+from duetime.domain.ports import LogStore, RunQueue
 from duetime.local import lifeline
 
 #: Invocations running at once (more wait their turn, as with a concurrency limit).
@@ -547,8 +548,60 @@ class SqsEventSource:
                 stopping.wait(min(10.0, 0.5 * 2 ** min(failures, 5)))
 
 
+class QueueEventSource(SqsEventSource):
+    """The same event source over any :class:`~duetime.domain.ports.RunQueue` (the embedded backend's
+    queue): deliveries become SQS event records (receive count, a message id per delivery), and the ones the
+    handler did not report as failed are deleted."""
+
+    def __init__(
+        self,
+        queues: RunQueue,
+        tier: str,
+        handler: Callable[[dict[str, Any]], Any],
+        *,
+        batch_size: int = 10,
+        wait_seconds: int = 1,
+    ) -> None:
+        super().__init__("", handler, batch_size=batch_size, wait_seconds=wait_seconds)
+        self.queues = queues
+        self.tier = tier
+        self._queue_arn = f"arn:aws:sqs:{REGION}:{ACCOUNT}:duetime-{tier}"
+
+    def poll_once(self) -> int:
+        received = self.queues.receive(
+            self.tier, max_messages=self.batch_size, wait_seconds=self.wait_seconds
+        )
+        if not received:
+            return 0
+        by_id = {hashlib.sha256(r.receipt_handle.encode()).hexdigest()[:32]: r for r in received}
+        records = [
+            sqs_event_record(
+                {
+                    "MessageId": message_id,
+                    "ReceiptHandle": r.receipt_handle,
+                    "Body": r.body,
+                    "MD5OfBody": hashlib.md5(r.body.encode(), usedforsecurity=False).hexdigest(),
+                    "Attributes": {"ApproximateReceiveCount": r.receive_count},
+                },
+                queue_arn=self.queue_arn,
+            )
+            for message_id, r in by_id.items()
+        ]
+        try:
+            response = self.handler({"Records": records}) or {}
+            failed = {f["itemIdentifier"] for f in response.get("batchItemFailures", [])}
+        except Exception as exc:  # noqa: BLE001 - as Lambda: the whole batch comes back later
+            print(f"lambda event source: handler failed: {exc!r}", file=sys.stderr, flush=True)
+            return len(received)
+        for message_id, r in by_id.items():
+            if message_id not in failed:
+                self.queues.delete(self.tier, r.receipt_handle)
+        return len(received)
+
+
 __all__ = [
     "Invocation",
+    "QueueEventSource",
     "LocalLambda",
     "SqsEventSource",
     "destination_record",

@@ -1,7 +1,15 @@
-"""``duetime local``: the whole system on one machine, against moto's server on loopback.
+"""``duetime local``: the whole system on one machine.
+
+Two backends, the same services and handlers behind the ports:
+- ``sqlite`` (the default): the embedded adapter set, state in ``.duetime/`` (``--state-dir``): jobs, runs,
+  queues and idempotency records in ``duetime.sqlite``, logs under ``logs/``. Stopping and starting again
+  keeps everything; a lock file keeps a second stack off the same directory.
+- ``moto``: the AWS adapters against moto's server on loopback (state in its memory: gone at exit), for the
+  AWS adapters' end-to-end and fault tests.
 
 Processes and threads:
-- moto's server (a child process, DynamoDB serialised: see :mod:`duetime.local.moto_server`);
+- moto's server (``--backend moto`` only: a child process, DynamoDB serialised, see
+  :mod:`duetime.local.moto_server`);
 - the HTTP API (a thread serving ``functions/api`` through :class:`HttpApiAdapter`);
 - the clock loop (a thread invoking ``functions/tick`` once per shard and ``functions/sweeper`` every period,
   as EventBridge Scheduler would);
@@ -10,16 +18,18 @@ Processes and threads:
   child processes behind a local Invoke API, the ``lambda`` queue feeds ``functions/dispatcher`` as Lambda's
   SQS event source would, and outcomes reach ``functions/finish`` as Lambda destination records.
 
-It writes ``.duetime/local.json`` (API URL, AWS endpoint, resource names, the environment workers need) and
-runs until SIGINT/SIGTERM, then stops every process it started.
+It writes ``.duetime/local.json`` (API URL, backend, resource names or the database file, the environment
+workers need) and runs until SIGINT/SIGTERM, then stops every process it started.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +51,8 @@ STATE_DIR = Path(".duetime")
 #: how long a worker of the stack told to stop may try to hand its run back after its task ended, seconds
 WORKER_STOP_BUDGET_SECONDS = 5.0
 STATE_FILE = STATE_DIR / "local.json"
+#: the backends of ``duetime local``
+BACKENDS = ("sqlite", "moto")
 
 #: Fake credentials: moto accepts anything; real ones must never reach it.
 LOCAL_AWS_ENV = {
@@ -52,8 +64,18 @@ LOCAL_AWS_ENV = {
 }
 
 
+class StateDirInUseError(RuntimeError):
+    """Another ``duetime local`` holds the state directory (the message says which process)."""
+
+
 @dataclass
 class LocalOptions:
+    #: "sqlite" (durable, under ``state_dir``) or "moto"
+    backend: str = "sqlite"
+    #: the embedded backend's state directory
+    state_dir: Path = STATE_DIR
+    #: start empty: the state directory's database and logs are removed first
+    reset: bool = False
     api_port: int = 8765
     tick_seconds: float = 60.0
     workers: int = 2
@@ -92,71 +114,44 @@ class LocalStack:
     _threads: list[threading.Thread] = field(default_factory=list)
     _api_server: Any = None
     _lambda: Any = None
+    _lock_fd: int | None = None
+    _names: Any = None
+    _queue_urls: dict[str, str] = field(default_factory=dict)
 
     # ---- start ---------------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start every part; raises StateDirInUseError or StateFileError (both naming the file) when the
+        embedded backend's state cannot be used."""
         opts = self.options
-        self._start_moto()
-        names = ResourceNames.for_prefix(opts.prefix)
-        os.environ.update(LOCAL_AWS_ENV)
-        os.environ["AWS_ENDPOINT_URL"] = self.aws_endpoint
         os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO" if opts.verbose else "WARNING")
         os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "false" if opts.verbose else "true")
         warnings.filterwarnings("ignore", message="No application metrics to publish")
-        from duetime.adapters.aws import clients as aws
-
-        callcount.install_from_env()  # bench/: count this process's AWS calls (each worker installs its own)
-        aws.reset_clients()
-        queue_urls = create_all(names)
-        self._enable_step_functions()
-        from duetime.adapters.aws.stepfunctions import create_state_machine
-
-        state_machine_arn = create_state_machine(f"{opts.prefix}-timeout-handler")
-        settings = Settings(
-            jobs_table=names.jobs_table,
-            runs_table=names.runs_table,
-            logs_bucket=names.logs_bucket,
-            queue_urls=queue_urls,
-            shard_count=opts.shards,
-            tick_period_seconds=opts.tick_seconds,
-            tick_margin_seconds=min(15.0, max(2.0, opts.tick_seconds / 4)),
-            # moto's server serialises DynamoDB, so concurrent claims gain little (43.6 vs 34.7 claims/s)
-            # and take DynamoDB turns from the workers: `make bench`, a burst of 1,000 due at one second,
-            # p50 lag 23 s claiming one at a time against 59 s with 8 at once. AWS has no such lock.
-            claim_concurrency=1,
-            lease_seconds=opts.lease_seconds,
-            heartbeat_seconds=opts.heartbeat_seconds,
-            pending_grace_seconds=opts.pending_grace_seconds,
-            timeout_state_machine_arn=state_machine_arn,
-            idempotency_table=names.idempotency_table,
-            **{
-                k: v
-                for k, v in {
-                    "tenant_submits_per_minute": opts.tenant_submits_per_minute,
-                    "tenant_max_active_jobs": opts.tenant_max_active_jobs,
-                    "tenant_max_running": opts.tenant_max_running,
-                }.items()
-                if v is not None
-            },
-        )
+        # Lambda invokes (the dispatcher -> this stack's own Lambda) are signed: fake credentials only
+        os.environ.update(LOCAL_AWS_ENV)
+        settings = self._embedded_settings() if opts.backend == "sqlite" else self._moto_settings()
         self.env = {
             **LOCAL_AWS_ENV,
-            "AWS_ENDPOINT_URL": self.aws_endpoint,
             "POWERTOOLS_LOG_LEVEL": os.environ["POWERTOOLS_LOG_LEVEL"],
             "POWERTOOLS_METRICS_DISABLED": os.environ["POWERTOOLS_METRICS_DISABLED"],
             **settings_to_env(settings),
         }
+        if self.aws_endpoint:
+            self.env["AWS_ENDPOINT_URL"] = self.aws_endpoint
         os.environ.update(self.env)
         get_settings.cache_clear()
         from duetime.config.deps import default_deps
 
         default_deps.cache_clear()
+        default_deps()  # opens (and migrates) the embedded database now: a bad file fails here, named
 
-        self._start_lambda(queue_urls["lambda"])
+        self._start_lambda()
         self._start_api()
-        self._write_state(names, queue_urls)
+        self._write_state()
         print(f"API: {self.api_url}", flush=True)
-        print(f"AWS endpoint: {self.aws_endpoint}", flush=True)
+        if self.aws_endpoint:
+            print(f"AWS endpoint: {self.aws_endpoint}", flush=True)
+        else:
+            print(f"Backend: sqlite, state in {opts.state_dir.resolve()}", flush=True)
         print(f"State: {opts.state_file.resolve()}", flush=True)
         self._start_clock()
         for tier in CONTAINER_TIERS:
@@ -169,6 +164,95 @@ class LocalStack:
             f"Ready: tick every {opts.tick_seconds:g} s over {opts.shards} shards, "
             f"{opts.workers} worker(s) per tier {', '.join(CONTAINER_TIERS)}. Ctrl-C stops.",
             flush=True,
+        )
+
+    def _common_settings(self) -> dict[str, Any]:
+        opts = self.options
+        return {
+            "shard_count": opts.shards,
+            "tick_period_seconds": opts.tick_seconds,
+            "tick_margin_seconds": min(15.0, max(2.0, opts.tick_seconds / 4)),
+            "lease_seconds": opts.lease_seconds,
+            "heartbeat_seconds": opts.heartbeat_seconds,
+            "pending_grace_seconds": opts.pending_grace_seconds,
+            **{
+                k: v
+                for k, v in {
+                    "tenant_submits_per_minute": opts.tenant_submits_per_minute,
+                    "tenant_max_active_jobs": opts.tenant_max_active_jobs,
+                    "tenant_max_running": opts.tenant_max_running,
+                }.items()
+                if v is not None
+            },
+        }
+
+    def _embedded_settings(self) -> Settings:
+        """Lock the state directory (reset it when asked) and point the settings at it."""
+        state_dir = self.options.state_dir.resolve()
+        self._lock_state_dir(state_dir)
+        if self.options.reset:
+            from duetime.config.deps import DATABASE_FILE, LOGS_DIR
+
+            for suffix in ("", "-wal", "-shm"):
+                (state_dir / f"{DATABASE_FILE}{suffix}").unlink(missing_ok=True)
+            shutil.rmtree(state_dir / LOGS_DIR, ignore_errors=True)
+            print(f"reset: {state_dir} starts empty", flush=True)
+        callcount.install_from_env()
+        return Settings(
+            state_dir=str(state_dir),
+            # one SQLite writer at a time: claims in parallel would only take turns
+            claim_concurrency=1,
+            **self._common_settings(),
+        )
+
+    def _lock_state_dir(self, state_dir: Path) -> None:
+        """Hold ``state_dir/lock`` (flock) for the life of this process; it records our pid.
+
+        Raises:
+            StateDirInUseError: another process holds it (its pid is named).
+        """
+        state_dir.mkdir(parents=True, exist_ok=True)
+        path = state_dir / "lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StateDirInUseError(
+                f"{state_dir} is in use by process {holder} (another `duetime local`); stop it, or give this "
+                "one its own --state-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _moto_settings(self) -> Settings:
+        opts = self.options
+        self._start_moto()
+        names = ResourceNames.for_prefix(opts.prefix)
+        os.environ["AWS_ENDPOINT_URL"] = self.aws_endpoint
+        from duetime.adapters.aws import clients as aws
+
+        callcount.install_from_env()  # bench/: count this process's AWS calls (each worker installs its own)
+        aws.reset_clients()
+        queue_urls = create_all(names)
+        self._enable_step_functions()
+        from duetime.adapters.aws.stepfunctions import create_state_machine
+
+        self._names, self._queue_urls = names, queue_urls
+        return Settings(
+            jobs_table=names.jobs_table,
+            runs_table=names.runs_table,
+            logs_bucket=names.logs_bucket,
+            queue_urls=queue_urls,
+            # moto's server serialises DynamoDB, so concurrent claims gain little (43.6 vs 34.7 claims/s)
+            # and take DynamoDB turns from the workers: `make bench`, a burst of 1,000 due at one second,
+            # p50 lag 23 s claiming one at a time against 59 s with 8 at once. AWS has no such lock.
+            claim_concurrency=1,
+            timeout_state_machine_arn=create_state_machine(f"{opts.prefix}-timeout-handler"),
+            idempotency_table=names.idempotency_table,
+            **self._common_settings(),
         )
 
     def _start_moto(self) -> None:
@@ -201,11 +285,16 @@ class LocalStack:
         with urllib.request.urlopen(request, timeout=10):
             pass
 
-    def _start_lambda(self, queue_url: str) -> None:
+    def _start_lambda(self) -> None:
         """The local Lambda (functions, Invoke API, destinations) and the dispatcher's SQS event source."""
         from duetime.config.deps import default_deps
         from duetime.local.lambda_runtime import handler, project_root
-        from duetime.local.lambda_service import LocalLambda, SqsEventSource, registered_functions
+        from duetime.local.lambda_service import (
+            LocalLambda,
+            QueueEventSource,
+            SqsEventSource,
+            registered_functions,
+        )
 
         functions, roots = registered_functions(
             self.options.lambdas, cwd=Path.cwd(), project_root=project_root()
@@ -214,7 +303,7 @@ class LocalStack:
             functions,
             destination=handler("finish"),
             logs=default_deps().logs,
-            env={**LOCAL_AWS_ENV, "AWS_ENDPOINT_URL": self.aws_endpoint},
+            env={**LOCAL_AWS_ENV, **({"AWS_ENDPOINT_URL": self.aws_endpoint} if self.aws_endpoint else {})},
             python_path=roots,
             echo=True,
         )
@@ -222,7 +311,11 @@ class LocalStack:
         self.env["AWS_ENDPOINT_URL_LAMBDA"] = os.environ["AWS_ENDPOINT_URL_LAMBDA"] = endpoint
         listed = ", ".join(f"{name} ({target})" for name, target in sorted(functions.items())) or "none"
         print(f"Lambda: {endpoint}, functions: {listed}", flush=True)
-        source = SqsEventSource(queue_url, handler("dispatcher"))
+        source: SqsEventSource
+        if self.aws_endpoint:
+            source = SqsEventSource(self._queue_urls["lambda"], handler("dispatcher"))
+        else:
+            source = QueueEventSource(default_deps().queues, "lambda", handler("dispatcher"))
         self._thread(lambda: source.run_forever(self._stopping), "lambda-event-source")
 
     def _start_api(self) -> None:
@@ -240,11 +333,29 @@ class LocalStack:
         logging.getLogger("werkzeug").setLevel(logging.INFO if self.options.verbose else logging.WARNING)
         self._thread(self._api_server.serve_forever, "api")
 
-    def _write_state(self, names: ResourceNames, queue_urls: dict[str, str]) -> None:
+    def _write_state(self) -> None:
         path = self.options.state_file
         path.parent.mkdir(parents=True, exist_ok=True)
-        state = {
+        state: dict[str, Any] = {
             "api_url": self.api_url,
+            "backend": self.options.backend,
+            "pid": os.getpid(),
+            "env": self.env,
+        }
+        if not self.aws_endpoint:
+            from duetime.config.deps import DATABASE_FILE, LOGS_DIR
+
+            state_dir = self.options.state_dir.resolve()
+            state.update(database=str(state_dir / DATABASE_FILE), logs=str(state_dir / LOGS_DIR))
+        else:
+            state.update(self._moto_state())
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(path)
+
+    def _moto_state(self) -> dict[str, Any]:
+        names, queue_urls = self._names, self._queue_urls
+        return {
             "aws_endpoint": self.aws_endpoint,
             "region": LOCAL_AWS_ENV["AWS_DEFAULT_REGION"],
             "tables": {"jobs": names.jobs_table, "runs": names.runs_table},
@@ -253,12 +364,7 @@ class LocalStack:
             "queues": queue_urls,
             "queue_names": names.queues,
             "dead_letter_queues": names.dead_letter_queues,
-            "pid": os.getpid(),
-            "env": self.env,
         }
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
-        tmp.replace(path)
 
     def _thread(self, target: Any, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -360,6 +466,8 @@ class LocalStack:
             path.read_text(),
         )
         for body in json.loads(text):
+            # a demo job's id is its name: a restart of a durable stack finds it instead of adding another
+            body.setdefault("job_id", body.get("name"))
             request = urllib.request.Request(
                 f"{self.api_url}/jobs",
                 data=json.dumps(body).encode(),
@@ -373,6 +481,9 @@ class LocalStack:
                     f"demo: job {job['job_id']} {job['name']!r} next fire {job['next_fire_at']}", flush=True
                 )
             except urllib.error.HTTPError as exc:
+                if exc.code == 409:
+                    print(f"demo: job {body['job_id']} is already there", flush=True)
+                    continue
                 print(f"demo: {body.get('name')!r} rejected: {exc.read().decode()}", flush=True)
 
     # ---- stop ----------------------------------------------------------------------------------------
@@ -430,3 +541,7 @@ class LocalStack:
             # only our own state file: it points at ports that are now closed
             if json.loads(self.options.state_file.read_text()).get("pid") == os.getpid():
                 self.options.state_file.unlink()
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None

@@ -49,8 +49,10 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
     for run in deps.store.query_overdue(shard, now):
         try:
             if run.state is RunState.PENDING and run.held is not None:
-                _recheck_held(run, deps)
-                result.held_rechecked += 1
+                if _recheck_held(run, deps):
+                    result.held_rechecked += 1
+                else:
+                    result.skipped += 1
             elif run.state is RunState.PENDING:
                 if run.attempt == 1 and run.start_deadline_at is not None and now > run.start_deadline_at:
                     skip(run, deps, reason="starting_deadline_exceeded")
@@ -83,20 +85,23 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
     return result
 
 
-def _recheck_held(run: Run, deps: Deps) -> None:
+def _recheck_held(run: Run, deps: Deps) -> bool:
     """A run held by its job's pause: still paused, look again later; otherwise settle the job's held runs
     as the resume would have (the backstop for a resume that missed one, or a crash mid-resume)."""
     job = deps.store.get_job(run.job_id)
     if job is not None and job.state is JobState.PAUSED:
-        deps.store.defer_pending(
-            run.job_id,
-            run.due_at,
-            attempt=run.attempt,
-            held=run.held,
-            watch_at=deps.clock.now() + timedelta(seconds=HOLD_RECHECK_SECONDS),
+        return (
+            deps.store.defer_pending(
+                run.job_id,
+                run.due_at,
+                attempt=run.attempt,
+                held=run.held,
+                watch_at=deps.clock.now() + timedelta(seconds=HOLD_RECHECK_SECONDS),
+            )
+            is not None
         )
-        return
     release_held(run.job_id, job, deps)
+    return True
 
 
 def _resend(run: Run, deps: Deps) -> bool:

@@ -322,19 +322,19 @@ class DynamoStore:
         Raises:
             ConflictError: the job changed since it was read; read it again.
         """
-        cond = "#v = :v AND " + (
-            "#nf = :nf" if expected_next_fire_at is not None else "attribute_not_exists(#nf)"
-        )
-        values: dict[str, Any] = {":v": expected_version}
-        if expected_next_fire_at is not None:
-            values[":nf"] = expected_next_fire_at
+        # UpdateItem, not PutItem: attributes this version does not know (a newer version wrote them) stay
+        item = job_to_item(job)
+        upd = Update(conditions={"version": expected_version, "next_fire_at": expected_next_fire_at})
+        for name, value in item.items():
+            if name == JOBS_PK:
+                continue
+            if value is None:
+                upd.removes.append(name)
+            else:
+                upd.sets[name] = value
         try:
-            self._ddb.put_item(
-                TableName=self.jobs_table,
-                Item=serialize(job_to_item(job)),
-                ConditionExpression=cond,
-                ExpressionAttributeNames={"#v": "version", "#nf": "next_fire_at"},
-                ExpressionAttributeValues=serialize(values),
+            self._ddb.update_item(
+                TableName=self.jobs_table, Key=serialize({JOBS_PK: job.job_id}), **upd.build()
             )
         except ClientError as exc:
             if _is_condition_failure(exc):

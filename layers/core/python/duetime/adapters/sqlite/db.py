@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from duetime.domain.errors import ThrottledError
+from duetime.domain.errors import DuetimeError, ThrottledError
 
 #: how long a writer waits for the write lock before giving up, milliseconds
 BUSY_TIMEOUT_MS = 5000
@@ -126,7 +126,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-class SchemaTooNewError(RuntimeError):
+class StateFileError(DuetimeError):
+    """The state file cannot be used: not a database (corrupted), not readable or writable (permissions, a
+    read-only file system), or its schema is newer than this code. The message names the file."""
+
+
+class SchemaTooNewError(StateFileError):
     """The file's schema is newer than this code knows (a newer version wrote it): not opened."""
 
 
@@ -169,8 +174,16 @@ class Database:
         self._local = threading.local()
         self._holders: weakref.WeakSet[_Holder] = weakref.WeakSet()
         self._lock = threading.Lock()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.migrate()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.migrate()
+        except StateFileError:
+            raise
+        except ThrottledError as exc:
+            raise StateFileError(f"{self.path}: locked by another process for too long ({exc})") from None
+        except (sqlite3.DatabaseError, OSError) as exc:
+            self.close()
+            raise StateFileError(f"{self.path}: cannot be used as Duetime's state file: {exc}") from None
 
     # ---- connections ---------------------------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:

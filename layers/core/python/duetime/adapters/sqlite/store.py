@@ -222,9 +222,12 @@ class SqliteStore:
                 or stored.get("next_fire_at") != _iso(expected_next_fire_at)
             ):
                 raise ConflictError(f"job {job.job_id!r} changed meanwhile; read it and try again")
+            columns = self._job_columns(job)
+            # fields this version does not know (a newer version wrote them) stay in the document
+            doc = {**stored, **json.loads(columns[-1])}
             conn.execute(
                 "UPDATE jobs SET tenant = ?, created_at = ?, shard = ?, next_fire_at = ?, doc = ? WHERE job_id = ?",
-                (*self._job_columns(job)[1:], job.job_id),
+                (*columns[1:-1], json.dumps(doc, separators=(",", ":")), job.job_id),
             )
 
     def list_jobs(

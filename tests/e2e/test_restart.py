@@ -1,0 +1,139 @@
+"""The default backend is durable: a `duetime local` killed with SIGKILL and started again with the same command
+keeps every job, run, attempt and log; the attempt the kill interrupted is retried; slots due while it was
+down follow the catch-up policy; nothing else runs twice (issue: the embedded default on SQLite)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import Stack, start_stack, stop_stack
+
+pytestmark = pytest.mark.e2e
+
+ARGS = ("--tick-seconds", "1", "--workers", "2", "--lease-seconds", "4", "--heartbeat-seconds", "1")
+#: how long the stack stays down
+DOWNTIME_SECONDS = 30
+
+
+def _ts(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _job(name: str, command: list[str], schedule: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+    return {"name": name, "schedule": schedule, "task": {"kind": "container", "command": command}, **kw}
+
+
+def _all_jobs(stack: Stack) -> dict[str, dict[str, Any]]:
+    jobs: dict[str, dict[str, Any]] = {}
+    token = None
+    while True:
+        _, page = stack.request("GET", "/jobs?limit=20" + (f"&next_token={token}" if token else ""))
+        jobs.update({j["job_id"]: j for j in page["jobs"]})
+        token = page.get("next_token")
+        if not token:
+            return jobs
+
+
+def _runs(stack: Stack, job_id: str) -> list[dict[str, Any]]:
+    status, body = stack.request("GET", f"/jobs/{job_id}/runs?limit=100")
+    assert status == 200, body
+    return list(body["runs"])
+
+
+def test_a_sigkilled_stack_started_again_keeps_everything_and_runs_nothing_twice(tmp_path) -> None:
+    stack = start_stack(tmp_path, *ARGS)
+    restarted: Stack | None = None
+    try:
+        # Given 50 jobs: 20 cron and 10 rate jobs not due yet, 10 at(...) an hour away, 8 run-now jobs that
+        # finish, one run-now `sleep 20` RUNNING at the kill, and a rate(10 seconds) job without catch-up
+        later = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")
+        bodies = [_job(f"cron-{i}", ["true"], {"expression": f"cron({i} 3 * * ? *)"}) for i in range(20)]
+        bodies += [_job(f"rate-{i}", ["true"], {"expression": f"rate({i + 2} hours)"}) for i in range(10)]
+        bodies += [_job(f"at-{i}", ["true"], {"expression": f"at({later})"}) for i in range(10)]
+        bodies += [_job(f"now-{i}", ["sh", "-c", f"echo now {i}"]) for i in range(8)]
+        bodies.append(_job("sleeper", ["sh", "-c", "echo slept; sleep 20; echo woke"]))
+        bodies.append(
+            _job(
+                "every-10s",
+                ["sh", "-c", "echo tick $DUETIME_RUN_ID"],
+                {"expression": "rate(10 seconds)"},
+                catch_up={"policy": "none", "tolerance_seconds": 5},
+            )
+        )
+        ids = {}
+        for body in bodies:
+            status, job = stack.request("POST", "/jobs", body)
+            assert status == 201, job
+            ids[body["name"]] = job["job_id"]
+        assert len(ids) == 50
+        for i in range(8):
+            stack.wait_run(ids[f"now-{i}"], {"SUCCEEDED"}, timeout=60)
+        [sleeping] = stack.wait_run(ids["sleeper"], {"RUNNING"}, timeout=60)
+        stack.wait_run(ids["every-10s"], {"SUCCEEDED"}, timeout=60)
+        time.sleep(2)  # the sleeper's first chunk of output is streamed
+        before_jobs = _all_jobs(stack)
+        before_runs = {job_id: _runs(stack, job_id) for job_id in ids.values()}
+        logs = {
+            r["run_id"]: stack.request("GET", f"/runs/{r['run_id']}/logs")[1]
+            for runs in before_runs.values()
+            for r in runs
+            if r["state"] == "SUCCEEDED"
+        }
+
+        # When the stack is killed with SIGKILL, stays down 30 s, and is started again with the same command
+        os.kill(stack.proc.pid, signal.SIGKILL)
+        stack.proc.wait(timeout=10)
+        killed_at = datetime.now(UTC)
+        time.sleep(DOWNTIME_SECONDS)
+        restarted = start_stack(tmp_path, *ARGS)
+        back_at = datetime.now(UTC)
+
+        # Then every job is there as it was (next fire times of due jobs move on; nothing else changes)
+        after_jobs = _all_jobs(restarted)
+        assert set(after_jobs) == set(before_jobs) == set(ids.values())
+        for job_id, job in before_jobs.items():
+            moving = ("next_fire_at", "next_fire_times", "last_run", "missed_slots", "updated_at")
+            steady = {k: v for k, v in job.items() if k not in moving}
+            assert {k: v for k, v in after_jobs[job_id].items() if k in steady} == steady
+        # every run and attempt seen before the kill is there, ended runs exactly as they were, with their logs
+        for job_id, runs in before_runs.items():
+            now_runs = {r["run_id"]: r for r in _runs(restarted, job_id)}
+            for run in runs:
+                assert run["run_id"] in now_runs, run
+                if run["state"] in ("SUCCEEDED", "FAILED", "SKIPPED"):
+                    assert now_runs[run["run_id"]] == run
+        for run_id, text in logs.items():
+            assert restarted.request("GET", f"/runs/{run_id}/logs")[1] == text
+        # the interrupted attempt was handed back by its worker as the stack died (the state file outlives the
+        # stack, so the worker could record it), or found lost by the sweeper; either way it is retried once
+        runs = restarted.wait_run(ids["sleeper"], {"SUCCEEDED"}, timeout=90)
+        [sleeper] = [r for r in runs if r["run_id"] == sleeping["run_id"]]
+        assert [a["state"] for a in sleeper["attempts"]] == ["FAILED", "SUCCEEDED"]
+        assert sleeper["attempts"][0]["reason"] in ("worker_stopped", "worker_lost")
+        assert restarted.request("GET", f"/runs/{sleeper['run_id']}/logs?attempt=1")[1].startswith("slept\n")
+        assert restarted.request("GET", f"/runs/{sleeper['run_id']}/logs")[1] == "slept\nwoke\n"
+        # the rate job's slots due while it was down are not caught up (policy none): skipped or never run,
+        # and counted as missed; its schedule goes on after the restart
+        every = restarted.wait_run(
+            ids["every-10s"], {"SUCCEEDED"}, count=len(before_runs[ids["every-10s"]]) + 1
+        )
+        down = [r for r in every if killed_at < _ts(r["due_at"]) < back_at - timedelta(seconds=6)]
+        assert all(r["state"] == "SKIPPED" for r in down), down
+        assert restarted.request("GET", f"/jobs/{ids['every-10s']}")[1]["missed_slots"] >= 1
+        assert any(_ts(r["due_at"]) > back_at and r["state"] == "SUCCEEDED" for r in every)
+        # and nothing ran twice: every run but the interrupted one has one attempt
+        for job_id in ids.values():
+            for run in _runs(restarted, job_id):
+                if run["run_id"] != sleeper["run_id"]:
+                    assert len(run["attempts"]) <= 1, run
+    finally:
+        if stack.proc.poll() is None:
+            os.killpg(stack.proc.pid, signal.SIGKILL)
+        if restarted is not None:
+            stop_stack(restarted)

@@ -2,8 +2,9 @@
 
 Parts (default: all, in this order):
   cost      AWS calls per run on the local stack under a standard workload -> units, requests, USD/M runs
-  lag       top-of-the-minute bursts of N jobs on the local stack -> lag p50/p95/p99/max, runs/s, CPU/run
-            (each N is followed by the same burst on APScheduler 3, the baseline)
+  lag       top-of-the-minute bursts of N jobs on the local stack, on each backend (--backends: sqlite, the
+            default, and moto) -> lag p50/p95/p99/max, runs/s, CPU/run, PSS; each N is followed by the same
+            burst on APScheduler 3, the baseline (ratio: the default backend over APScheduler 3)
   baseline  only the APScheduler 3 bursts
   tick      claims/s of one shard's tick against moto's server
   model     the scale projection for 100M runs/day, 12K starts/s (from the parts' results)
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+#: the lag part's backends, the default (duetime local's) first (bench.stack.BACKENDS, without importing it)
+BACKENDS = ("sqlite", "moto")
 PARTS = ("cost", "lag", "baseline", "tick", "model")
 FULL_SIZES = (100, 1000, 5000)
 QUICK_SIZES = (100, 300)
@@ -134,36 +137,84 @@ def print_cost(cost: dict[str, Any]) -> None:
     )
 
 
-def print_lag(lag: dict[str, Any], baseline: dict[str, Any]) -> None:
-    print("\n== Burst lag: N runs due at the same second (started_at - due_at, seconds) ==")
-    rows = []
-    for n in sorted(set(lag) | set(baseline), key=int):
-        for name, source in (("duetime", lag), ("apscheduler3", baseline)):
-            r = source.get(n)
-            if r is None:
-                continue
-            cpu = r.get("cpu_duetime_s_per_run", r.get("cpu_s_per_run"))
-            moto = r.get("cpu_moto_s_per_run")
-            rows.append(
-                [
-                    int(n),
-                    name,
-                    r["p50_s"],
-                    r["p95_s"],
-                    r["p99_s"],
-                    r["max_s"],
-                    r["runs_per_s"],
-                    r["burst_finish_s"],
-                    None if cpu is None else round(cpu * 1000, 1),
-                    None if moto is None else round(moto * 1000, 1),
-                ]
-            )
-    print(
-        table(
-            rows,
-            ["N", "scheduler", "p50", "p95", "p99", "max", "runs/s", "finish s", "CPU ms/run", "moto ms/run"],
-        )
-    )
+SCHEDULERS = (("sqlite", "Duetime sqlite"), ("moto", "Duetime moto"), ("apscheduler3", "APScheduler 3"))
+
+
+def _ms(seconds: Any) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 2)
+
+
+def _machine(load: dict[str, Any] | None) -> str | None:
+    """``load 1m / CPU pressure % / IO pressure %`` of :func:`bench.sysload.snapshot`."""
+    if not load:
+        return None
+    return " / ".join(_fmt(load.get(k), 1) for k in ("load_1m", "cpu_pressure_pct", "io_pressure_pct"))
+
+
+def _per_run_ms(burst: dict[str, Any], role: str) -> float | None:
+    """CPU ms per started run of one role of the stack's processes ("local", "worker")."""
+    seconds = (burst.get("cpu_s_by_role") or {}).get(role)
+    return None if seconds is None else _ms(seconds / max(1, burst.get("runs_started") or 0))
+
+
+def lag_rows(row: dict[str, dict[str, Any]]) -> list[list[Any]]:
+    """The side-by-side rows of one N: ``row`` maps a scheduler of :data:`SCHEDULERS` to its burst."""
+    figures: list[tuple[str, Any]] = [
+        ("p50 lag s", lambda r: r.get("p50_s")),
+        ("p95 lag s", lambda r: r.get("p95_s")),
+        ("p99 lag s", lambda r: r.get("p99_s")),
+        ("max lag s", lambda r: r.get("max_s")),
+        ("starts/s", lambda r: r.get("runs_per_s")),
+        ("last finish s", lambda r: r.get("burst_finish_s")),
+        ("CPU ms/run (scheduler)", lambda r: _ms(r.get("cpu_duetime_s_per_run", r.get("cpu_s_per_run")))),
+        ("  of which duetime local", lambda r: _per_run_ms(r, "local")),
+        ("  of which workers", lambda r: _per_run_ms(r, "worker")),
+        ("CPU ms/run (moto)", lambda r: _ms(r.get("cpu_moto_s_per_run"))),
+        ("PSS MB at end", lambda r: r.get("pss_mb")),
+        ("all ran", lambda r: {True: "yes", False: "NO"}.get(r.get("completed"))),
+        ("machine after: load, CPU/IO wait %", lambda r: _machine(r.get("machine_after"))),
+    ]
+    present = [key for key, _ in SCHEDULERS if key in row]
+    return [[name, *(get(row[key]) for key in present)] for name, get in figures]
+
+
+def print_lag(lag: dict[str, Any], baseline: dict[str, Any], ratio: dict[str, Any]) -> None:
+    """One table per N: the backends and APScheduler 3 side by side."""
+    print("\n== Burst lag: N runs due at the same second (lag = started_at - due_at) ==")
+    sizes = {n for runs in lag.values() for n in runs} | set(baseline)
+    for n in sorted(sizes, key=int):
+        row = {b: lag[b][n] for b in lag if n in lag[b]}
+        if n in baseline:
+            row["apscheduler3"] = baseline[n]
+        header = [f"N = {int(n):,}", *(title for key, title in SCHEDULERS if key in row)]
+        print()
+        print(table(lag_rows(row), header))
+        if n in ratio:
+            print("default backend / APScheduler 3: " + ", ".join(f"{k} x{v:g}" for k, v in ratio[n].items()))
+
+
+def lag_results(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``results["lag"]`` as backend -> N -> burst (an older file's flat N -> burst was the moto backend's)."""
+    lag = results.get("lag") or {}
+    if lag and all(k.isdigit() for k in lag):
+        return {"moto": lag}
+    return {b: runs for b, runs in lag.items() if isinstance(runs, dict)}
+
+
+def ratios(
+    lag: dict[str, dict[str, Any]], baseline: dict[str, Any], backend: str = "sqlite"
+) -> dict[str, Any]:
+    """``backend``'s p50, p99 and starts/s over APScheduler 3's, per N."""
+    runs = lag.get(backend, {})
+    return {
+        n: {
+            key: round(runs[n][key] / baseline[n][key], 2)
+            for key in ("p50_s", "p99_s", "runs_per_s")
+            if baseline[n].get(key) and runs[n].get(key) is not None
+        }
+        for n in runs
+        if n in baseline
+    }
 
 
 def print_tick(tick: dict[str, Any]) -> None:
@@ -200,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         "--workers", type=int, default=2, help="worker processes per tier (and APScheduler threads)"
     )
     parser.add_argument("--sizes", type=str, default=None, help="burst sizes, e.g. 100,1000,5000")
+    parser.add_argument(
+        "--backends",
+        type=str,
+        default=",".join(BACKENDS),
+        help=f"the lag part's backends, e.g. sqlite (default: {','.join(BACKENDS)})",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     parts = [p for p in PARTS if not args.parts or "all" in args.parts or p in args.parts]
@@ -209,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.sizes
         else list(QUICK_SIZES if args.quick else FULL_SIZES)
     )
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        parser.error(f"unknown backend(s) {', '.join(unknown)}: choose from {', '.join(BACKENDS)}")
 
     args.out.mkdir(parents=True, exist_ok=True)
     latest_path = args.out / "latest.json"
@@ -238,30 +299,26 @@ def main(argv: list[str] | None = None) -> int:
     if "lag" in parts or "baseline" in parts:
         from bench import baseline, lag
 
-        results.setdefault("lag", {})
-        results.setdefault("baseline_apscheduler", {})
-        if "lag" in parts:
-            results["lag"] = {}
-        if "baseline" in parts or "lag" in parts:
-            results["baseline_apscheduler"] = {}
+        results["lag"] = {} if "lag" in parts else lag_results(results)
+        results["baseline_apscheduler"] = {}
         for n in sizes:
             if "lag" in parts:
-                print(
-                    f"lag: burst of {n} on the local stack ({args.workers} workers per tier)...", flush=True
-                )
-                results["lag"][str(n)] = lag.burst(n, workers=args.workers)
+                for backend in backends:
+                    print(
+                        f"lag: burst of {n} on the local stack, {backend} backend "
+                        f"({args.workers} workers per tier)...",
+                        flush=True,
+                    )
+                    results["lag"].setdefault(backend, {})[str(n)] = lag.burst(
+                        n, backend=backend, workers=args.workers
+                    )
+                    _save(results, latest_path)
             print(f"baseline: burst of {n} on APScheduler 3 ({args.workers} threads)...", flush=True)
-            results["baseline_apscheduler"][str(n)] = baseline.burst(n, workers=args.workers)
-        results["ratio_duetime_over_apscheduler"] = {
-            n: {
-                key: round(results["lag"][n][key] / results["baseline_apscheduler"][n][key], 2)
-                for key in ("p50_s", "p99_s", "runs_per_s")
-                if results["baseline_apscheduler"][n].get(key)
-            }
-            for n in results.get("lag", {})
-            if n in results["baseline_apscheduler"]
-        }
-        print_lag(results.get("lag", {}), results["baseline_apscheduler"])
+            results["baseline_apscheduler"][str(n)] = baseline.run_isolated(n, workers=args.workers)
+            _save(results, latest_path)
+        # the default backend's (sqlite) figures over APScheduler 3's
+        results["ratio_duetime_over_apscheduler"] = ratios(results["lag"], results["baseline_apscheduler"])
+        print_lag(results["lag"], results["baseline_apscheduler"], results["ratio_duetime_over_apscheduler"])
     _save(results, latest_path)
     if "tick" in parts:
         from bench import tickscale

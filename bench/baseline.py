@@ -6,14 +6,22 @@ of 1 s would drop late jobs as misfired, which would flatter its lag). The execu
 the same concurrency as Duetime's W workers. Lag = the instant the job function starts - T.
 
 APScheduler is one process with its store on local disk: no network hop, no leases, no durability beyond
-this machine. The ratio measures what Duetime's distribution (HTTP to DynamoDB/SQS emulated by moto,
-conditional writes, separate worker processes) costs on one machine.
+this machine. The ratio (against Duetime's default backend, SQLite: the same kind of store on the same
+disk) measures what Duetime's design (conditional writes, a queue, leases, separate worker processes)
+costs on one machine; the moto backend's figures add HTTP to emulated DynamoDB/SQS.
+
+``python -m bench`` runs it through :func:`run_isolated`, in a fresh interpreter holding only APScheduler, so
+its CPU and memory (PSS) are APScheduler's own.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import os
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -21,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import sysload
 from bench.stats import summarize
 
 _starts: dict[int, float] = {}
@@ -82,12 +91,15 @@ def burst(n: int, *, workers: int = 2, timeout: float = 600.0) -> dict[str, Any]
             timezone=UTC,
         )
         scheduler.start()
+        load0 = sysload.snapshot()
         cpu0 = time.process_time()
         deadline = time.monotonic() + max(0.0, due.timestamp() - time.time()) + timeout
         with _done:
             while len(_finishes) < n and time.monotonic() < deadline:
                 _done.wait(1.0)
         cpu1 = time.process_time()
+        pss = _pss_kib(os.getpid())
+        load1 = sysload.snapshot()
         scheduler.shutdown(wait=True)
 
     t_due = due.timestamp()
@@ -105,4 +117,60 @@ def burst(n: int, *, workers: int = 2, timeout: float = 600.0) -> dict[str, Any]
         "write_s": round(write_seconds, 2),
         # the bench process is APScheduler's own process (scheduler thread + pool threads)
         "cpu_s_per_run": round((cpu1 - cpu0) / max(1, len(_starts)), 5),
+        # its PSS at the end of the burst (run by run_isolated: a process holding only APScheduler)
+        "pss_mb": None if pss is None else round(pss / 1024, 1),
+        "machine_before": load0,
+        "machine_after": load1,
     }
+
+
+def _pss_kib(pid: int) -> int | None:
+    """``pid``'s proportional set size, KiB (``/proc/<pid>/smaps_rollup``; None if unreadable)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return None
+
+
+def run_isolated(n: int, *, workers: int = 2, timeout: float = 600.0) -> dict[str, Any]:
+    """:func:`burst` in a fresh interpreter (``python -m bench.baseline``) that imports only APScheduler and
+    SQLAlchemy, so its CPU and memory are APScheduler's, not the bench's (boto3, Duetime, ...)."""
+    out = subprocess.run(  # noqa: S603 - our own interpreter and module
+        [
+            sys.executable,
+            "-m",
+            "bench.baseline",
+            str(n),
+            "--workers",
+            str(workers),
+            "--timeout",
+            str(timeout),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout + 120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"the APScheduler burst of {n} failed:\n{out.stderr}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.baseline", description="one APScheduler 3 burst")
+    parser.add_argument("n", type=int)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    print(json.dumps(burst(args.n, workers=args.workers, timeout=args.timeout)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -151,8 +151,8 @@ def test_a_running_runs_log_grows_while_it_runs_and_ends_as_one_object(
     deps: Deps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("duetime.services.worker.FLUSH_SECONDS", 0.5)
-    # Given a task that prints a line every 0.1 s for 3 s
-    job_id = _submit(deps, ["sh", "-c", "for i in $(seq 1 30); do echo line $i; sleep 0.1; done"])
+    # Given a task that prints a line every 0.1 s for 6 s (long enough to be read twice on a loaded machine)
+    job_id = _submit(deps, ["sh", "-c", "for i in $(seq 1 60); do echo line $i; sleep 0.1; done"])
     [run] = deps.store.list_runs(job_id)
     worker = threading.Thread(target=Worker(deps, "small", owner="w1").poll_once)
     worker.start()
@@ -170,7 +170,7 @@ def test_a_running_runs_log_grows_while_it_runs_and_ends_as_one_object(
     [run] = deps.store.list_runs(job_id)
     assert run.state is RunState.SUCCEEDED
     final = jobs.get_run_log(run.run_id, tenant="t1", deps=deps)
-    assert final.splitlines() == [f"line {i}" for i in range(1, 31)]
+    assert final.splitlines() == [f"line {i}" for i in range(1, 61)]
     assert _chunks_left(deps, log_key(job_id, run.run_id, 1)) == []
 
 

@@ -51,6 +51,12 @@ def local(
     api_port: Annotated[int, typer.Option(help="HTTP port of the API (0 = any free port)")] = 8765,
     tick_seconds: Annotated[float, typer.Option(min=0.2, help="clock loop period, seconds")] = 60.0,
     workers: Annotated[int, typer.Option(min=0, help="worker processes per container tier")] = 2,
+    slots: Annotated[
+        int,
+        typer.Option(
+            min=0, help="tasks each worker runs at once (0 = the tier's default: small 4, medium 2, large 1)"
+        ),
+    ] = 0,
     demo: Annotated[bool, typer.Option("--demo/--no-demo", help="submit the demo jobs in examples/")] = True,
     shards: Annotated[int, typer.Option(min=1, max=64, help="shards of the jobs table")] = 4,
     lease_seconds: Annotated[float, typer.Option(min=1, help="run lease length, seconds")] = 30.0,
@@ -128,6 +134,7 @@ def local(
             api_port=api_port,
             tick_seconds=tick_seconds,
             workers=workers,
+            slots=slots,
             demo=demo,
             shards=shards,
             lease_seconds=lease_seconds,
@@ -169,8 +176,18 @@ def worker(
     config: Annotated[
         Path, typer.Option(help="local stack state file, used when DUETIME_* variables are not set")
     ] = Path(".duetime/local.json"),
+    slots: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            envvar="DUETIME_WORKER_SLOTS",
+            help="tasks run at once (0 = the tier's default: small 4, medium 2, large 1; on AWS they share "
+            "the tier's Fargate CPU and memory)",
+        ),
+    ] = 0,
 ) -> None:
-    """Pull runs of one tier from its queue and execute them (a Fargate task in AWS)."""
+    """Pull runs of one tier from its queue and execute them, up to --slots at once (a Fargate task in AWS;
+    its owner id, the lease owner of every run it holds, is ``<host>:<pid>:<random>``)."""
     from duetime.config.settings import CONTAINER_TIERS, SettingsError, get_settings
 
     if tier not in CONTAINER_TIERS:
@@ -188,7 +205,7 @@ def worker(
     from duetime.services.worker import Worker, handle_stop_signals
 
     callcount.install_from_env()  # bench/: count this worker's AWS calls
-    w = Worker(default_deps(), tier)
+    w = Worker(default_deps(), tier, slots=slots)
     # SIGTERM/SIGINT only set the worker's stop flag (no lock: a second or third signal is harmless)
     handle_stop_signals(w)
     from duetime.local.lifeline import die_with_parent

@@ -79,6 +79,8 @@ class LocalOptions:
     api_port: int = 8765
     tick_seconds: float = 60.0
     workers: int = 2
+    #: tasks each worker runs at once (``--slots``); 0 = the tier's default (worker.DEFAULT_SLOTS)
+    slots: int = 0
     demo: bool = True
     shards: int = 4
     lease_seconds: float = 30.0
@@ -115,6 +117,7 @@ class LocalStack:
     _api_server: Any = None
     _lambda: Any = None
     _lock_fd: int | None = None
+    _signals: list[int] = field(default_factory=list)
     _names: Any = None
     _queue_urls: dict[str, str] = field(default_factory=dict)
 
@@ -123,6 +126,7 @@ class LocalStack:
         """Start every part; raises StateDirInUseError or StateFileError (both naming the file) when the
         embedded backend's state cannot be used."""
         opts = self.options
+        self.catch_stop_signals()
         os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO" if opts.verbose else "WARNING")
         os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "false" if opts.verbose else "true")
         warnings.filterwarnings("ignore", message="No application metrics to publish")
@@ -399,8 +403,9 @@ class LocalStack:
     def _spawn_worker(self, tier: str) -> None:
         from duetime.services.worker import STOP_BUDGET_ENV
 
+        slots = ["--slots", str(self.options.slots)] if self.options.slots > 0 else []
         proc = subprocess.Popen(
-            [sys.executable, "-m", "duetime", "worker", "--tier", tier],
+            [sys.executable, "-m", "duetime", "worker", "--tier", tier, *slots],
             env={
                 **os.environ,
                 **self.env,
@@ -421,15 +426,18 @@ class LocalStack:
         return path
 
     def _reap_task_of(self, pid: int) -> None:
-        """A dead worker's task dies with it, as in a Fargate task whose container exits."""
-        marker = self._worker_dir() / f"{pid}.task"
-        try:
-            pgid = int(marker.read_text())
-        except (OSError, ValueError):
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        marker.unlink(missing_ok=True)
+        """A dead worker's tasks die with it, as in a Fargate task whose container exits: every slot's
+        marker (``<pid>.task``, ``<pid>.<slot>.task``) names a process group to kill."""
+        for marker in self._worker_dir().glob(f"{pid}.*task"):
+            if not re.fullmatch(rf"{pid}(\.\d+)?\.task", marker.name):
+                continue
+            try:
+                pgid = int(marker.read_text())
+            except (OSError, ValueError):
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            marker.unlink(missing_ok=True)
 
     def _start_supervisor(self) -> None:
         def loop() -> None:
@@ -487,6 +495,17 @@ class LocalStack:
                 print(f"demo: {body.get('name')!r} rejected: {exc.read().decode()}", flush=True)
 
     # ---- stop ----------------------------------------------------------------------------------------
+    def catch_stop_signals(self) -> None:
+        """From now on SIGINT and SIGTERM are recorded, for :meth:`wait` (:meth:`start` calls it first, so a
+        signal that lands while the stack starts, after it said Ready included, is not lost)."""
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            self._signals.append(signum)
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, on_signal)
+            signal.signal(signal.SIGTERM, on_signal)
+
     def wait(self) -> None:
         """Block until SIGINT or SIGTERM, then stop.
 
@@ -494,14 +513,8 @@ class LocalStack:
         non-reentrant lock that a second signal, landing inside the first handler, would wait on forever).
         Signals during :meth:`stop` are recorded and ignored: the stop already under way finishes.
         """
-        received: list[int] = []
-
-        def on_signal(signum: int, _frame: Any) -> None:
-            received.append(signum)
-
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
-        while not received:
+        self.catch_stop_signals()
+        while not self._signals:
             time.sleep(0.5)
         print("stopping...", flush=True)
         self.stop()

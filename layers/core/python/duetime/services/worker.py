@@ -1,19 +1,32 @@
-"""The container worker: ``duetime worker --tier small`` (a Fargate task in AWS, an OS process locally).
+"""The container worker: ``duetime worker --tier small [--slots N]`` (a Fargate task in AWS, an OS process
+locally).
 
-Loop: pull one message from the tier's queue ([S0] pull, not push) -> start the run (PENDING -> RUNNING, new
-fencing token) -> run the task's command in its own process group -> heartbeat every ``heartbeat_seconds``
-while it runs, streaming new output to the log store as chunks (:class:`LiveLog`) -> enforce
-``timeout_seconds`` (SIGTERM to the group, ``kill_grace_seconds``, SIGKILL) -> upload the whole
+Each run: pull a message from the tier's queue ([S0] pull, not push) -> start the run (PENDING -> RUNNING,
+new fencing token) -> run the task's command in its own process group -> heartbeat every
+``heartbeat_seconds`` while it runs, streaming new output to the log store as chunks (:class:`LiveLog`) ->
+enforce ``timeout_seconds`` (SIGTERM to the group, ``kill_grace_seconds``, SIGKILL) -> upload the whole
 stdout+stderr to S3 and delete the chunks -> finish under the fencing token -> delete the message.
 
-A rejected heartbeat means another party owns the run now (or it was cancelled): the worker kills the task's
-process tree and does not finish. A duplicate message fails the conditional start and is deleted unprocessed.
+Slots: a worker process runs up to ``slots`` tasks at once (``--slots``; default per tier, :data:`DEFAULT_SLOTS`:
+small 4, medium 2, large 1). :meth:`Worker.run_forever` is one receive loop that asks the queue for up to
+its free slots' worth of messages per poll (at most 10, SQS's limit) and hands each to a slot thread, which
+runs it end to end as above with its own fencing token, heartbeat, visibility extension and log stream; the
+loop polls again as soon as a slot frees up. Every slot's run has the process's owner id as its lease owner
+(:func:`worker_id`). On AWS the tasks of a worker share its Fargate task's CPU and memory (the tier's
+``cpu``/``memory_mib``): the defaults assume small tasks are light, and a tier whose tasks need the whole
+container should run with ``--slots 1``. :meth:`Worker.poll_once` (tests, the simulation) takes at most one
+message and runs it in the calling thread.
+
+A rejected heartbeat means another party owns the run now (or it was cancelled): the worker kills that
+slot's task's process tree and does not finish it; its other slots go on. A duplicate message fails the
+conditional start and is deleted unprocessed.
 
 Stopping (SIGTERM from ECS, from `duetime local`, or its lifeline when the stack dies): the signal handler
 only sets :attr:`Worker.stopping`, a lock-free flag, so any number of signals, arriving at any moment, are
-harmless. The loop notices it within half a second while a task runs (a long poll within its 2 s), kills the
-task's group, hands the run back (``worker_stopped``) and returns; a hand-back that cannot reach AWS is cut
-off after a budget (:func:`handle_stop_signals`), so a stopped worker always exits.
+harmless. Each slot notices it within half a second, kills its task's group and hands its run back
+(``worker_stopped``); the receive loop stops polling (a long poll within its 2 s), hands back what that
+poll brought, waits for its slots and returns. A hand-back that cannot reach AWS is cut off after a budget
+(:func:`handle_stop_signals`), so a stopped worker always exits.
 """
 
 from __future__ import annotations
@@ -60,6 +73,14 @@ STOP_BUDGET_SECONDS = 30.0
 LOOP_STUCK_SECONDS = 2.0
 #: Environment variables passed from the worker to tasks (never its AWS credentials).
 PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME")
+#: Tasks a worker of each tier runs at once unless told otherwise (``--slots``). On AWS they share the tier's
+#: Fargate task (small 0.25 vCPU / 512 MiB, medium 1 vCPU / 2 GiB, large 4 vCPU / 8 GiB): its CPU and memory
+#: bound how many fit, so the bigger the tier's tasks, the fewer slots
+DEFAULT_SLOTS: dict[str, int] = {"small": 4, "medium": 2, "large": 1}
+#: The most messages one receive asks for (SQS's limit)
+MAX_RECEIVE_MESSAGES = 10
+#: How often the receive loop looks for a free slot (or the stop flag) while every slot is busy, seconds
+SLOT_WAIT_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -148,15 +169,26 @@ class LiveLog:
         self.flushed += len(data)
 
 
-def _task_marker() -> Path | None:
-    """Where this worker notes its running task's process group (local stack only: the supervisor kills it
-    if the worker dies, as a container's exit would)."""
+def default_slots(tier: str) -> int:
+    """The slots of a ``tier`` worker not told otherwise (:data:`DEFAULT_SLOTS`; 1 for an unknown tier)."""
+    return DEFAULT_SLOTS.get(tier, 1)
+
+
+def task_marker_name(pid: int, slot: int) -> str:
+    """The marker file of slot ``slot``'s task in worker ``pid``: ``<pid>.task`` for slot 0 (the one a
+    one-task worker uses), ``<pid>.<slot>.task`` for the others; ``<pid>.*task`` globs them all."""
+    return f"{pid}.task" if slot == 0 else f"{pid}.{slot}.task"
+
+
+def _task_marker(slot: int = 0) -> Path | None:
+    """Where this worker notes slot ``slot``'s running task's process group (local stack only: the
+    supervisor kills every such group if the worker dies, as a container's exit would)."""
     directory = os.environ.get("DUETIME_WORKER_STATE_DIR")
-    return Path(directory) / f"{os.getpid()}.task" if directory else None
+    return Path(directory) / task_marker_name(os.getpid(), slot) if directory else None
 
 
 def worker_id() -> str:
-    """``<hostname>:<pid>:<random>``, recorded as the lease owner."""
+    """``<hostname>:<pid>:<random>``, recorded as the lease owner (of every run the process's slots hold)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
@@ -208,55 +240,161 @@ def read_log(out: IO[bytes]) -> bytes:
     return head + f"\n[... {size - 2 * half} bytes elided by duetime ...]\n".encode() + out.read()
 
 
+class Slot:
+    """One of a worker's task slots: the task it runs now, read by the stop deadline's thread.
+
+    Written by the slot's own thread only (under the GIL, one attribute at a time); the receive loop takes
+    and frees slots under :attr:`Worker._slots_lock`.
+    """
+
+    __slots__ = ("busy", "failures", "index", "live", "task", "task_ended_at", "task_killing", "thread")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        #: taken by the receive loop for a message, until its thread is done with it
+        self.busy = False
+        #: the running task's process, None between tasks
+        self.task: subprocess.Popen[bytes] | None = None
+        #: when the slot's last task ended (time.monotonic())
+        self.task_ended_at = 0.0
+        #: the slot's thread is stopping its task (SIGTERM, grace, SIGKILL)
+        self.task_killing = False
+        #: the running attempt's log stream (set by _execute around _run_task)
+        self.live: LiveLog | None = None
+        #: the thread working on the slot's message (run_forever)
+        self.thread: threading.Thread | None = None
+        #: failed deliveries in a row (an AWS error escaped), for the slot's backoff
+        self.failures = 0
+
+
 class Worker:
-    """One worker process's loop over one tier's queue.
+    """One worker process's loop over one tier's queue, running up to ``slots`` tasks at once.
 
     Args:
         deps: settings, store, queues, logs, clock.
         tier: the container tier whose queue it pulls from.
-        owner: lease owner id (default :func:`worker_id`).
+        owner: lease owner id (default :func:`worker_id`), the same for every slot.
+        slots: tasks run at once by :meth:`run_forever` (None or 0: :func:`default_slots` of the tier).
     """
 
-    def __init__(self, deps: Deps, tier: str, *, owner: str | None = None) -> None:
+    def __init__(self, deps: Deps, tier: str, *, owner: str | None = None, slots: int | None = None) -> None:
+        if slots is not None and slots < 0:
+            raise ValueError(f"slots must be 0 (the tier's default) or more, not {slots}")
         self.deps = deps
         self.tier = tier
         self.owner = owner or worker_id()
-        #: set by :meth:`stop` (the signal handlers): the loop stops at its next look
+        self.slots = slots or default_slots(tier)
+        #: set by :meth:`stop` (the signal handlers): the loop and every slot stop at their next look
         self.stopping = StopFlag()
-        #: the running task's process, None between tasks (read by the stop deadline's thread)
-        self.task: subprocess.Popen[bytes] | None = None
-        #: when the last task ended (time.monotonic())
-        self.task_ended_at = 0.0
-        #: the loop is stopping the running task (SIGTERM, grace, SIGKILL)
-        self.task_killing = False
-        #: the running attempt's log stream (set by _execute around _run_task)
-        self._live: LiveLog | None = None
+        self._slots = [Slot(i) for i in range(self.slots)]
+        self._slots_lock = threading.Lock()
+        #: set by a slot's thread when it frees its slot (the receive loop may poll again)
+        self._freed = threading.Event()
+        #: the slot of the calling thread (a slot thread's own; slot 0 for poll_once's caller)
+        self._here = threading.local()
 
+    # ---- the receive loop ------------------------------------------------------------------------------
     def run_forever(self, *, wait_seconds: int = 2) -> None:
-        """Poll and process until :meth:`stop` (or SIGTERM via the CLI). Transient AWS errors back off."""
+        """Poll and process until :meth:`stop` (or SIGTERM via the CLI), up to :attr:`slots` runs at once:
+        each poll asks for as many messages as there are free slots (at most 10) and gives each to a slot
+        thread. Transient AWS errors back off. Told to stop, it waits for its slots (each hands its run
+        back) and returns."""
         failures = 0
-        while not self.stopping.is_set():
-            try:
-                self.poll_once(wait_seconds=wait_seconds)
-                failures = 0
-            except Exception as exc:  # noqa: BLE001 - a worker must outlive transient faults
-                failures += 1
-                if self.stopping.is_set():
-                    break  # told to stop meanwhile (the stack going down took the endpoint with it)
-                if self.deps.unreachable(exc):
-                    logger.warning(
-                        "worker poll failed: AWS unreachable", extra={"tier": self.tier, "error": str(exc)}
+        try:
+            while not self.stopping.is_set():
+                free = self._free_slots()
+                if not free:
+                    self._freed.wait(SLOT_WAIT_SECONDS)
+                    self._freed.clear()
+                    continue
+                try:
+                    received = self.deps.queues.receive(
+                        self.tier,
+                        max_messages=min(len(free), MAX_RECEIVE_MESSAGES),
+                        wait_seconds=wait_seconds,
                     )
-                else:
-                    logger.exception("worker poll failed", extra={"tier": self.tier})
-                self.stopping.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                    failures = 0
+                except Exception as exc:  # noqa: BLE001 - a worker must outlive transient faults
+                    failures += 1
+                    if self.stopping.is_set():
+                        break  # told to stop meanwhile (the stack going down took the endpoint with it)
+                    self._log_failure("worker poll failed", exc)
+                    self.stopping.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                    continue
+                for message in received:
+                    slot = free.pop(0) if free and not self.stopping.is_set() else None
+                    if slot is None:
+                        # told to stop while the poll was out (or more came than asked for): never start a
+                        # task only to stop it at once; the message goes back to the queue for another worker
+                        self._give_back(message)
+                        continue
+                    self._dispatch(slot, message)
+        finally:
+            self._wait_for_slots()
+
+    def _free_slots(self) -> list[Slot]:
+        with self._slots_lock:
+            return [slot for slot in self._slots if not slot.busy]
+
+    def _dispatch(self, slot: Slot, message: ReceivedMessage) -> None:
+        with self._slots_lock:
+            slot.busy = True
+        thread = threading.Thread(
+            target=self._run_slot, args=(slot, message), name=f"slot-{slot.index}", daemon=True
+        )
+        slot.thread = thread
+        try:
+            thread.start()
+        except BaseException:
+            with self._slots_lock:
+                slot.busy, slot.thread = False, None
+            self._give_back(message)
+            raise
+
+    def _run_slot(self, slot: Slot, message: ReceivedMessage) -> None:
+        """A slot's thread: one delivery end to end, then the slot is free again (after a backoff if an AWS
+        error escaped: the message comes back after its visibility timeout)."""
+        self._here.slot = slot
+        try:
+            self.process(message)
+            slot.failures = 0
+        except Exception as exc:  # noqa: BLE001 - a slot must outlive transient faults
+            slot.failures += 1
+            if not self.stopping.is_set():
+                self._log_failure("worker slot failed", exc)
+                self.stopping.wait(min(30.0, 0.5 * 2 ** min(slot.failures, 6)))
+        finally:
+            with self._slots_lock:
+                slot.busy, slot.thread = False, None
+            self._freed.set()
+
+    def _wait_for_slots(self) -> None:
+        """Wait until every slot's thread is done (told to stop, each kills its task and hands its run back
+        within its grace; one stuck on AWS is the stop deadline's to end)."""
+        for slot in self._slots:
+            thread = slot.thread
+            while thread is not None and thread.is_alive():
+                thread.join(0.2)
+
+    def _give_back(self, message: ReceivedMessage) -> None:
+        try:
+            self.deps.queues.extend_visibility(self.tier, message.receipt_handle, 0)
+        except Exception as exc:  # noqa: BLE001 - it comes back after its visibility timeout anyway
+            self._log_failure("giving a message back failed", exc)
+
+    def _log_failure(self, what: str, exc: Exception) -> None:
+        if self.deps.unreachable(exc):
+            logger.warning(f"{what}: AWS unreachable", extra={"tier": self.tier, "error": str(exc)})
+        else:
+            logger.exception(what, extra={"tier": self.tier})
 
     def stop(self) -> None:
         """Ask the loop to stop: only sets a flag (safe in a signal handler, any number of times)."""
         self.stopping.set()
 
     def poll_once(self, *, wait_seconds: int = 0) -> int:
-        """Receive at most one message and process it. Returns how many messages were received."""
+        """Receive at most one message and process it in the calling thread (slot 0). Returns how many
+        messages were received."""
         received = self.deps.queues.receive(self.tier, max_messages=1, wait_seconds=wait_seconds)
         for message in received:
             if self.stopping.is_set():
@@ -267,6 +405,17 @@ class Worker:
             self.process(message)
         return len(received)
 
+    @property
+    def task_slots(self) -> tuple[Slot, ...]:
+        """Every slot (the stop deadline's thread reads their tasks)."""
+        return tuple(self._slots)
+
+    def _slot(self) -> Slot:
+        """The calling thread's slot."""
+        slot: Slot | None = getattr(self._here, "slot", None)
+        return slot if slot is not None else self._slots[0]
+
+    # ---- one delivery ----------------------------------------------------------------------------------
     def process(self, received: ReceivedMessage) -> Run | None:
         """Handle one delivery end to end. Returns the run as finished, or None if it was dropped."""
         if received.message is None:
@@ -279,22 +428,24 @@ class Worker:
             logger.info("duplicate or stale message dropped", extra={"run_id": received.message.run_id})
             self.deps.queues.delete(self.tier, received.receipt_handle)
             return None
-        logger.append_keys(run_id=run.run_id, attempt=run.attempt)
+        # this thread's keys only: the other slots log their own runs
+        logger.thread_safe_append_keys(run_id=run.run_id, attempt=run.attempt)
         try:
             return self._execute(run, received)
         finally:
-            logger.remove_keys(["run_id", "attempt"])
+            logger.thread_safe_remove_keys(["run_id", "attempt"])
 
     def _execute(self, run: Run, received: ReceivedMessage) -> Run | None:
         token = run.fencing_token
         key = log_key(run.job_id, run.run_id, run.attempt)
         written: str | None = key  # the log key the finish records
+        slot = self._slot()
         with tempfile.TemporaryFile() as out:
-            self._live = live = LiveLog(self.deps.logs, key, out)
+            slot.live = live = LiveLog(self.deps.logs, key, out)
             try:
                 outcome = self._run_task(run, token, out, received)
             finally:
-                self._live = None
+                slot.live = None
             try:
                 self.deps.logs.put(key, read_log(out))
             except Exception as exc:  # noqa: BLE001 - a log upload failure must not lose the outcome
@@ -372,8 +523,9 @@ class Worker:
         except (OSError, ValueError) as exc:
             out.write(f"duetime: cannot start {task.command[0]!r}: {exc}\n".encode())
             return TaskOutcome(exit_code=127, timed_out=False, lease_lost=False, error=f"cannot start: {exc}")
-        self.task, self.task_killing = proc, False
-        marker = _task_marker()
+        slot = self._slot()
+        slot.task_killing, slot.task = False, proc
+        marker = _task_marker(slot.index)
         try:
             if marker is not None:
                 marker.write_text(str(proc.pid))  # the task's process group: reaped if this worker dies
@@ -381,7 +533,8 @@ class Worker:
         finally:
             if proc.returncode is None:  # an exception left it running: it must not outlive its supervision
                 kill_group(proc, 0)
-            self.task, self.task_ended_at = None, time.monotonic()
+            slot.task_ended_at = time.monotonic()
+            slot.task = None
             if marker is not None:
                 marker.unlink(missing_ok=True)
 
@@ -389,11 +542,12 @@ class Worker:
         self, run: Run, token: int, out: IO[bytes], received: ReceivedMessage, proc: subprocess.Popen[bytes]
     ) -> TaskOutcome:
         """Wait for the task, heartbeating, streaming its output and enforcing its deadline; stop it if the
-        lease is lost or the worker is told to stop (looked at every 0.5 s)."""
+        lease is lost or the worker is told to stop (looked at every 0.5 s). Runs in the task's slot's
+        thread: its run, token and process only."""
         settings = self.deps.settings
         deadline = time.monotonic() + run.timeout_seconds
         next_beat = time.monotonic() + settings.heartbeat_seconds
-        live = self._live
+        live = self._slot().live
         while True:
             now = time.monotonic()
             wait = max(0.0, min(next_beat, deadline) - now)
@@ -451,7 +605,7 @@ class Worker:
                 live.poll(time.monotonic())
 
     def _kill(self, proc: subprocess.Popen[bytes], grace_seconds: float) -> None:
-        self.task_killing = True  # the stop deadline's thread leaves it to this loop
+        self._slot().task_killing = True  # the stop deadline's thread leaves it to this slot's loop
         kill_group(proc, grace_seconds)
 
     def _cancelled(self, run: Run, token: int) -> str | None:
@@ -485,15 +639,15 @@ def handle_stop_signals(worker: Worker, *, budget_seconds: float | None = None) 
     """Make SIGTERM and SIGINT stop ``worker`` (a worker process's main thread calls this once).
 
     The handlers only set the worker's stop flag: no lock, no logging, no I/O, so a second and a third
-    signal (ECS's SIGTERM, the local stack's, its lifeline's) are harmless wherever they land. The loop does
-    the rest: kills the task (its grace), hands the run back, exits.
+    signal (ECS's SIGTERM, the local stack's, its lifeline's) are harmless wherever they land. The slots do
+    the rest: each kills its task (its grace) and hands its run back; then the loop returns and it exits.
 
     A daemon thread (:func:`_stop_deadline`) makes sure a stopped worker does exit: ``budget_seconds``
-    (default :func:`stop_budget_seconds`) after the stop was asked for and the task is dead, a worker still
+    (default :func:`stop_budget_seconds`) after the stop was asked for and every task is dead, a worker still
     trying to reach AWS (the local stack's moto server died with it, say) exits anyway and the sweeper fails
-    the attempt ``worker_lost``; if the loop has not killed the task ``kill_grace_seconds`` + 2 s after the
-    stop (an AWS call of the loop hangs), that thread SIGKILLs the task's group first. The worker never exits
-    leaving its task running.
+    the attempts ``worker_lost``; if a slot has not begun to kill its task LOOP_STUCK_SECONDS after the stop
+    (an AWS call of that slot hangs), that thread SIGTERMs the task's group, then SIGKILLs it after
+    ``kill_grace_seconds``. The worker never exits leaving a task running.
     """
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -515,29 +669,51 @@ def _exited(pid: int) -> bool:
         return False  # no waitid here: the grace decides
 
 
+@dataclass
+class _Stopping:
+    """The stop deadline's view of one slot's task: which process, when it was SIGTERMed/SIGKILLed by it."""
+
+    pid: int
+    kill_at: float | None = None
+    killed_at: float | None = None
+
+
 def _stop_deadline(worker: Worker, budget: float) -> None:
-    """The stop deadline of a worker process (a daemon thread of :func:`handle_stop_signals`)."""
+    """The stop deadline of a worker process (a daemon thread of :func:`handle_stop_signals`), over all of
+    its slots: a task whose slot has not begun to stop it LOOP_STUCK_SECONDS after the stop gets SIGTERM,
+    then SIGKILL after its grace (or once it exited); ``budget`` seconds after the last task ended (or the
+    stop, if later) the process exits, whatever its slots still wait for."""
     while not worker.stopping.is_set():
         time.sleep(0.5)
     asked = time.monotonic()
     term_at = asked + LOOP_STUCK_SECONDS
-    kill_at: float | None = None
-    ended: float | None = None
+    seen: dict[int, _Stopping] = {}
     while True:
         now = time.monotonic()
-        task = worker.task
-        if task is None:
-            ended = worker.task_ended_at
-        elif kill_at is None and now >= term_at and not worker.task_killing:
-            # the loop would have begun to stop its task by now: an AWS call holds it up; do what it would
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(task.pid, signal.SIGTERM)
-            kill_at = now + worker.deps.settings.kill_grace_seconds
-        elif kill_at is not None and ended is None and (now >= kill_at or _exited(task.pid)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(task.pid, signal.SIGKILL)  # as kill_group: whatever is left of its group
-            ended = now
-        if ended is not None and now >= max(asked, ended) + budget:
+        ends = [asked]
+        all_ended = True
+        for slot in worker.task_slots:
+            task = slot.task
+            if task is None:
+                ends.append(slot.task_ended_at)
+                continue
+            mine = seen.get(slot.index)
+            if mine is None or mine.pid != task.pid:
+                seen[slot.index] = mine = _Stopping(task.pid)
+            if mine.killed_at is not None:
+                ends.append(mine.killed_at)
+                continue
+            all_ended = False
+            if mine.kill_at is None and now >= term_at and not slot.task_killing:
+                # the slot would have begun to stop its task by now: an AWS call holds it up; do what it would
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(task.pid, signal.SIGTERM)
+                mine.kill_at = now + worker.deps.settings.kill_grace_seconds
+            elif mine.kill_at is not None and (now >= mine.kill_at or _exited(task.pid)):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(task.pid, signal.SIGKILL)  # as kill_group: whatever is left of its group
+                mine.killed_at = now
+        if all_ended and now >= max(ends) + budget:
             with contextlib.suppress(OSError):
                 os.write(2, f"duetime worker: not stopped {budget:g} s after its task; exiting\n".encode())
             os._exit(1)

@@ -1,0 +1,328 @@
+"""Worker slots: one worker process runs several tasks at once (``--slots N``), receiving up to its free slots
+per poll; each slot has its own lease, heartbeat and log, a lease lost on one kills only that task, and a
+SIGTERM hands every running run back. On the embedded (SQLite) adapters with a real clock."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duetime.config.deps import Deps, sqlite_deps
+from duetime.config.settings import Settings, settings_to_env
+from duetime.domain.api_models import CreateJobRequest
+from duetime.domain.models import ContainerTask, RetryPolicy, Run, RunState
+from duetime.local.stack import LocalOptions, LocalStack
+from duetime.services import jobs
+from duetime.services.worker import DEFAULT_SLOTS, STOP_BUDGET_ENV, Worker, default_slots, task_marker_name
+
+#: the stop budget of the SIGTERMed worker process, seconds
+STOP_BUDGET = 3.0
+
+
+def _settings(tmp_path: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "state_dir": str(tmp_path / "state"),
+        "lease_seconds": 5,
+        "heartbeat_seconds": 0.3,
+        "kill_grace_seconds": 1,
+        "pending_grace_seconds": 60,
+    }
+    return Settings(**(values | overrides))
+
+
+@pytest.fixture
+def deps(tmp_path: Path) -> Deps:
+    """The embedded adapters in a fresh state directory, real time, heartbeats every 0.3 s."""
+    return sqlite_deps(_settings(tmp_path))
+
+
+def _submit(deps: Deps, command: list[str], name: str = "t", **kw: Any) -> str:
+    job = jobs.create_job(
+        CreateJobRequest(name=name, task=ContainerTask(command=command), **kw), tenant="t1", deps=deps
+    )
+    return job.job_id
+
+
+def _run(deps: Deps, job_id: str) -> Run:
+    [run] = deps.store.list_runs(job_id)
+    return run
+
+
+def _wait(what: str, probe: Callable[[], Any], timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _all_in(deps: Deps, job_ids: list[str], states: set[RunState]) -> bool:
+    return all(_run(deps, j).state in states for j in job_ids)
+
+
+@contextlib.contextmanager
+def _running(worker: Worker) -> Iterator[threading.Thread]:
+    """``worker.run_forever()`` in a thread, stopped (and joined) on the way out."""
+    thread = threading.Thread(target=worker.run_forever, kwargs={"wait_seconds": 1}, daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def _spy_receives(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Records ``(max_messages, received)`` of every receive of the worker."""
+    calls: list[tuple[int, int]] = []
+    real = deps.queues.receive
+
+    def receive(tier: str, **kw: Any) -> Any:
+        got = real(tier, **kw)
+        calls.append((kw["max_messages"], len(got)))
+        return got
+
+    monkeypatch.setattr(deps.queues, "receive", receive)
+    return calls
+
+
+def _max_overlap(runs: list[Run]) -> int:
+    """The most attempts that were running at one instant (from their recorded start and end)."""
+    edges: list[tuple[datetime, int]] = []
+    for run in runs:
+        for attempt in run.attempts:
+            assert attempt.started_at is not None and attempt.finished_at is not None
+            edges += [(attempt.started_at, 1), (attempt.finished_at, -1)]
+    most = now = 0
+    for _, step in sorted(edges):  # an end sorts before a start at the same instant
+        now += step
+        most = max(most, now)
+    return most
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is in the process group ``pgid``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def test_the_default_slots_per_tier() -> None:
+    assert DEFAULT_SLOTS == {"small": 4, "medium": 2, "large": 1}
+    assert [Worker(None, tier, owner="w").slots for tier in ("small", "medium", "large")] == [4, 2, 1]  # type: ignore[arg-type]
+    assert Worker(None, "small", owner="w", slots=0).slots == default_slots("small") == 4  # type: ignore[arg-type]
+    assert Worker(None, "large", owner="w", slots=3).slots == 3  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Worker(None, "small", owner="w", slots=-1)  # type: ignore[arg-type]
+    assert (task_marker_name(42, 0), task_marker_name(42, 2)) == ("42.task", "42.2.task")
+
+
+def test_three_sleeps_on_three_slots_run_at_the_same_time(
+    deps: Deps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given three run-now jobs of 2 s each, waiting in the queue, and a worker with three slots
+    job_ids = [
+        _submit(deps, ["sh", "-c", 'echo "run $DUETIME_RUN_ID"; sleep 2'], name=f"s{i}") for i in range(3)
+    ]
+    receives = _spy_receives(deps, monkeypatch)
+    worker = Worker(deps, "small", owner="w1", slots=3)
+    began = time.monotonic()
+    # When it runs
+    with _running(worker):
+        _wait("the three runs to succeed", lambda: _all_in(deps, job_ids, {RunState.SUCCEEDED}))
+        took = time.monotonic() - began
+    print(f"three 2 s tasks on three slots: {took:.2f} s; receives {receives[:4]}")
+    # Then they ran at the same time: well under the 6 s they take one after the other, started within 1 s
+    assert took < 4.5, took
+    runs = [_run(deps, j) for j in job_ids]
+    starts = [r.attempts[0].started_at for r in runs]
+    assert all(s is not None for s in starts)
+    assert (max(starts) - min(starts)).total_seconds() < 1.0, starts  # type: ignore[type-var,operator]
+    assert _max_overlap(runs) == 3
+    # asked for up to its free slots: 3 at first, all three in one receive
+    assert receives[0] == (3, 3), receives
+    # And each run is one SUCCEEDED attempt, leased by the worker, with its own log
+    for run in runs:
+        assert [(a.attempt, a.state, a.worker) for a in run.attempts] == [(1, RunState.SUCCEEDED, "w1")]
+        assert (run.state, run.exit_code) == (RunState.SUCCEEDED, 0)
+        assert jobs.get_run_log(run.run_id, tenant="t1", deps=deps) == f"run {run.run_id}\n"
+
+
+def test_a_worker_with_two_slots_never_runs_more_than_two(
+    deps: Deps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given three run-now jobs of 1.5 s each and a worker with two slots
+    job_ids = [_submit(deps, ["sleep", "1.5"], name=f"s{i}") for i in range(3)]
+    receives = _spy_receives(deps, monkeypatch)
+    worker = Worker(deps, "small", owner="w1", slots=2)
+    running: list[int] = []
+    began = time.monotonic()
+    # When it runs them, the runs RUNNING counted every 50 ms
+    with _running(worker):
+        while not _all_in(deps, job_ids, {RunState.SUCCEEDED}):
+            assert time.monotonic() - began < 20, "the runs did not succeed"
+            running.append(sum(_run(deps, j).state is RunState.RUNNING for j in job_ids))
+            time.sleep(0.05)
+        took = time.monotonic() - began
+    print(f"three 1.5 s tasks on two slots: {took:.2f} s; most RUNNING at once {max(running)}")
+    # Then never more than two ran at once (as sampled, and as recorded), and two did
+    runs = [_run(deps, j) for j in job_ids]
+    assert max(running) == 2 and _max_overlap(runs) == 2
+    assert took >= 3.0  # two rounds
+    # and no receive asked for more than the free slots, nor got more
+    assert receives[0] == (2, 2) and all(asked <= 2 and got <= asked for asked, got in receives), receives
+    assert (1, 1) in receives  # the third came once a slot freed up
+    assert all([(a.attempt, a.state) for a in r.attempts] == [(1, RunState.SUCCEEDED)] for r in runs)
+
+
+def test_a_lease_lost_on_one_slot_kills_only_that_task(
+    deps: Deps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    markers = tmp_path / "workers"
+    markers.mkdir()
+    monkeypatch.setenv("DUETIME_WORKER_STATE_DIR", str(markers))
+    # Given a worker with two slots running two tasks: A (10 s) and B (2.5 s)
+    a = _submit(deps, ["sh", "-c", "echo a; sleep 10"], name="a")
+    b = _submit(deps, ["sh", "-c", "echo b; sleep 2.5; echo b done"], name="b")
+    worker = Worker(deps, "small", owner="w1", slots=2)
+    with _running(worker):
+        _wait("both runs to run", lambda: _all_in(deps, [a, b], {RunState.RUNNING}))
+        # each slot noted its own task's process group
+        names = {task_marker_name(os.getpid(), 0), task_marker_name(os.getpid(), 1)}
+        _wait("both markers", lambda: {p.name for p in markers.iterdir()} == names, 5)
+        groups = {int(p.read_text()) for p in markers.iterdir()}
+        assert len(groups) == 2 and all(_group_alive(g) for g in groups)
+        # When A is cancelled (its slot's next heartbeat is rejected)
+        cancelled_at = time.monotonic()
+        jobs.cancel_run(_run(deps, a).run_id, tenant="t1", deps=deps)
+        # Then A's task is killed at once, B's goes on
+        _wait("A's task to die", lambda: sum(_group_alive(g) for g in groups) == 1, 5)
+        killed = time.monotonic() - cancelled_at
+        assert _run(deps, b).state is RunState.RUNNING
+        # And B runs to its end and SUCCEEDS
+        _wait("B to succeed", lambda: _run(deps, b).state is RunState.SUCCEEDED, 10)
+    print(f"cancelled task killed {killed:.2f} s after the cancel")
+    assert killed < 2.0
+    run_a, run_b = _run(deps, a), _run(deps, b)
+    assert run_a.state is RunState.CANCELLED
+    log_a = jobs.get_run_log(run_a.run_id, tenant="t1", deps=deps, attempt=1)
+    assert log_a.startswith("a\n") and "run cancelled (cancelled by request); process group killed" in log_a
+    assert [(x.attempt, x.state) for x in run_b.attempts] == [(1, RunState.SUCCEEDED)]
+    assert jobs.get_run_log(run_b.run_id, tenant="t1", deps=deps) == "b\nb done\n"
+    assert not any(_group_alive(g) for g in groups) and list(markers.iterdir()) == []
+
+
+def test_the_local_stacks_reaper_kills_every_slots_task_of_a_dead_worker(tmp_path: Path) -> None:
+    # Given the markers of a dead worker's three slots, and one of another worker whose pid it prefixes
+    stack = LocalStack(LocalOptions(state_file=tmp_path / ".duetime" / "local.json"))
+    workers = tmp_path / ".duetime" / "workers"
+    tasks = [subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(4)]
+    try:
+        for slot, task in enumerate(tasks[:3]):
+            (workers / task_marker_name(4242, slot)).parent.mkdir(parents=True, exist_ok=True)
+            (workers / task_marker_name(4242, slot)).write_text(str(task.pid))
+        (workers / task_marker_name(42420, 0)).write_text(str(tasks[3].pid))
+        # When the supervisor reaps the dead worker's tasks
+        stack._reap_task_of(4242)
+        # Then all three of its tasks are killed and their markers gone; the other worker's task lives
+        assert [t.wait(timeout=5) for t in tasks[:3]] == [-signal.SIGKILL] * 3
+        assert tasks[3].poll() is None
+        assert sorted(p.name for p in workers.iterdir()) == ["42420.task"]
+    finally:
+        for task in tasks:
+            if task.poll() is None:
+                task.kill()
+                task.wait()
+
+
+def test_a_sigtermed_worker_process_hands_back_every_running_run_and_exits_0(
+    deps: Deps, tmp_path: Path
+) -> None:
+    # Given a worker process with two slots (`duetime worker --tier small --slots 2`) on the state directory
+    markers = tmp_path / "workers"
+    markers.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DUETIME_", "AWS_"))}
+    env.update(
+        settings_to_env(deps.settings),
+        DUETIME_WORKER_STATE_DIR=str(markers),
+        POWERTOOLS_LOG_LEVEL="WARNING",
+        POWERTOOLS_METRICS_DISABLED="true",
+    )
+    env[STOP_BUDGET_ENV] = str(STOP_BUDGET)
+    output = (tmp_path / "worker.out").open("wb")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "duetime", "worker", "--tier", "small", "--slots", "2"],
+        cwd=tmp_path,
+        env=env,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    groups: set[int] = set()
+    try:
+        # running two tasks allowed one attempt each, with a third run waiting for a slot
+        once = RetryPolicy(max_attempts=1)
+        busy = [
+            _submit(deps, ["sh", "-c", "echo begun; sleep 30"], name=f"b{i}", retry=once) for i in range(2)
+        ]
+        _wait("both runs to run", lambda: _all_in(deps, busy, {RunState.RUNNING}), 30)
+        waiting = _submit(deps, ["sh", "-c", "echo third"], name="third", retry=once)
+        for job_id in busy:
+            owner = _run(deps, job_id).lease_owner or ""
+            assert owner.split(":")[1] == str(worker.pid), owner
+        names = {task_marker_name(worker.pid, 0), task_marker_name(worker.pid, 1)}
+        _wait("both markers", lambda: {p.name for p in markers.iterdir()} == names, 10)
+        groups = {int(p.read_text()) for p in markers.iterdir()}
+        time.sleep(0.5)
+        assert _run(deps, waiting).state is RunState.PENDING  # no slot free: not received
+        # When it gets SIGTERM
+        sent = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=deps.settings.kill_grace_seconds + STOP_BUDGET + 10)
+        took = time.monotonic() - sent
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        output.close()
+    print(f"worker with two busy slots exited {took:.2f} s after SIGTERM with {code}")
+    # Then it exited 0 within its grace and stop budget, both tasks dead, their markers gone
+    assert code == 0, (tmp_path / "worker.out").read_text()
+    assert took < deps.settings.kill_grace_seconds + STOP_BUDGET, took
+    assert not any(_group_alive(g) for g in groups) and list(markers.iterdir()) == []
+    # And both runs went back without using up their one attempt (worker_stopped), logs saying why
+    for job_id in busy:
+        run = _run(deps, job_id)
+        assert (run.state, run.dead_lettered, run.max_attempts) == (RunState.RETRY_WAIT, False, 2)
+        assert [(a.attempt, a.state, a.reason) for a in run.attempts] == [
+            (1, RunState.FAILED, "worker_stopped")
+        ]
+        log = jobs.get_run_log(run.run_id, tenant="t1", deps=deps, attempt=1)
+        assert log.startswith("begun\n") and "worker stopping (SIGTERM)" in log
+    # and the third, never received, still waits for a worker, untouched
+    third = _run(deps, waiting)
+    assert (third.state, third.attempts) == (RunState.PENDING, [])

@@ -27,7 +27,7 @@ run: $(LOCAL_STAMP)
 	$(VENV)/bin/duetime local $(ARGS)
 
 ## the whole suite: unit, integration (moto in-process), end-to-end (the real local stack), and the fault
-## harness with 250 seeds of the deterministic simulation (`make faults` runs those at length); first the
+## harness with 200 seeds of the deterministic simulation (`make faults` runs those at length); first the
 ## import contracts (under a second)
 test: $(STAMP)
 	$(LINT_IMPORTS)

@@ -1,6 +1,6 @@
 """Thousands of seeded worlds, each run with faults and then quiesced, must keep every invariant.
 
-``DUETIME_SIM_SEEDS`` (default 250) seeds from ``DUETIME_SIM_BASE`` (default 0) run in chunks of
+``DUETIME_SIM_SEEDS`` (default 200) seeds from ``DUETIME_SIM_BASE`` (default 0) run in chunks of
 ``DUETIME_SIM_CHUNK`` (default 25) so ``pytest -n`` spreads them over processes; ``make faults`` runs 5,000.
 A failing seed prints its violations, the last steps of its trace, and the command that replays it exactly.
 """
@@ -16,7 +16,7 @@ from tests.sim.simulation import Simulation, explain, moto_world, run_seeds
 
 pytestmark = [pytest.mark.sim, pytest.mark.faults]
 
-SEEDS = int(os.environ.get("DUETIME_SIM_SEEDS", "250"))
+SEEDS = int(os.environ.get("DUETIME_SIM_SEEDS", "200"))
 BASE = int(os.environ.get("DUETIME_SIM_BASE", "0"))
 CHUNK = int(os.environ.get("DUETIME_SIM_CHUNK", "25"))
 CHUNKS = [(first, min(first + CHUNK, BASE + SEEDS)) for first in range(BASE, BASE + SEEDS, CHUNK)]

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import TypeVar
 
 from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
@@ -26,8 +25,6 @@ from duetime.domain.ports import IdempotencyPersistence, LambdaInvoker
 from duetime.services.deps import Deps
 
 __all__ = ["Deps", "default_deps", "deps_from_settings", "lambda_invoker", "sqlite_deps"]
-
-T = TypeVar("T")
 
 
 #: the embedded backend's database file and log directory, inside ``settings.state_dir``
@@ -78,33 +75,22 @@ def sqlite_deps(settings: Settings, clock: Clock | None = None) -> Deps:
     clock = clock or SystemClock()
     path = root / DATABASE_FILE
     store = SqliteStore(path, clock=clock, run_retention_days=settings.run_retention_days)
-    persistence = _lazy(lambda: _sqlite_idempotency(path))
     return Deps(
         settings=settings,
         store=store,
         queues=SqliteQueues(path, clock=clock),
         logs=FileLogs(root / LOGS_DIR),
         clock=clock,
-        idempotency=persistence,
+        idempotency=lambda: _sqlite_idempotency(path),
     )
 
 
+@lru_cache(maxsize=8)
 def _sqlite_idempotency(path: Path) -> IdempotencyPersistence:
+    """The embedded persistence layer on ``path``, created on first use (one per file and process)."""
     from duetime.adapters.sqlite.idempotency import SqlitePersistenceLayer
 
     return SqlitePersistenceLayer(path)
-
-
-def _lazy(make: Callable[[], T]) -> Callable[[], T]:
-    """``make()`` on the first call, the same object after."""
-    made: list[T] = []
-
-    def get() -> T:
-        if not made:
-            made.append(make())
-        return made[0]
-
-    return get
 
 
 def _dynamodb_idempotency(table: str | None) -> Callable[[], DynamoDBPersistenceLayer] | None:

@@ -57,6 +57,14 @@ def local(
             min=0, help="tasks each worker runs at once (0 = the tier's default: small 4, medium 2, large 1)"
         ),
     ] = 0,
+    api_processes: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="processes serving the API, sharing its port (default: one per core, at most 2; 0 = a thread "
+            "of the stack's own process)",
+        ),
+    ] = None,
     demo: Annotated[bool, typer.Option("--demo/--no-demo", help="submit the demo jobs in examples/")] = True,
     shards: Annotated[int, typer.Option(min=1, max=64, help="shards of the jobs table")] = 4,
     lease_seconds: Annotated[float, typer.Option(min=1, help="run lease length, seconds")] = 30.0,
@@ -98,7 +106,8 @@ def local(
     """Run the whole stack on this machine until Ctrl-C: state in .duetime/ (kept across restarts), or on
     moto's server on 127.0.0.1 with --backend moto."""
     from duetime.adapters.sqlite.db import StateFileError
-    from duetime.local.stack import BACKENDS, LocalOptions, LocalStack, StateDirInUseError
+    from duetime.local.api_process import DEFAULT_API_PROCESSES
+    from duetime.local.stack import BACKENDS, ApiPortError, LocalOptions, LocalStack, StateDirInUseError
 
     if backend not in BACKENDS:
         raise typer.BadParameter(f"{backend!r}: one of {', '.join(BACKENDS)}", param_hint="--backend")
@@ -135,6 +144,7 @@ def local(
             tick_seconds=tick_seconds,
             workers=workers,
             slots=slots,
+            api_processes=DEFAULT_API_PROCESSES if api_processes is None else api_processes,
             demo=demo,
             shards=shards,
             lease_seconds=lease_seconds,
@@ -151,7 +161,7 @@ def local(
     )
     try:
         stack.start()
-    except (StateDirInUseError, StateFileError) as exc:
+    except (StateDirInUseError, StateFileError, ApiPortError) as exc:
         stack.stop()
         typer.echo(f"duetime local: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -201,10 +211,12 @@ def worker(
         raise typer.Exit(2) from None
 
     from duetime.config.deps import default_deps
-    from duetime.local import callcount
     from duetime.services.worker import Worker, handle_stop_signals
 
-    callcount.install_from_env()  # bench/: count this worker's AWS calls
+    if os.environ.get("DUETIME_CALL_COUNT_DIR"):  # bench/: count this worker's AWS calls
+        from duetime.local import callcount  # (loads boto3: only then)
+
+        callcount.install_from_env()
     w = Worker(default_deps(), tier, slots=slots)
     # SIGTERM/SIGINT only set the worker's stop flag (no lock: a second or third signal is harmless)
     handle_stop_signals(w)

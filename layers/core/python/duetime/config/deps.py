@@ -10,19 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
-
-from duetime.adapters.aws import clients as aws
-from duetime.adapters.aws.dynamodb import DynamoStore
-from duetime.adapters.aws.lambda_invoker import BotoLambdaInvoker
-from duetime.adapters.aws.s3_logs import S3Logs
-from duetime.adapters.aws.sqs import SqsQueues
-from duetime.adapters.aws.stepfunctions import StepFunctionsTimeoutRunner
 from duetime.config.settings import Settings, get_settings
 from duetime.domain.clock import Clock, SystemClock
-from duetime.domain.ports import IdempotencyPersistence, LambdaInvoker
 from duetime.services.deps import Deps
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
+
+    from duetime.domain.ports import IdempotencyPersistence, LambdaInvoker
+
+# The adapters are imported by the function that picks them: a process on the embedded backend (a local
+# worker, an API process) never loads boto3 (about 30 MB of memory per process).
 
 __all__ = ["Deps", "default_deps", "deps_from_settings", "lambda_invoker", "sqlite_deps"]
 
@@ -38,6 +38,12 @@ def deps_from_settings(settings: Settings, clock: Clock | None = None) -> Deps:
     (clients are created lazily, on first use; without a state machine ARN, timeouts run in-process)."""
     if settings.state_dir is not None:
         return sqlite_deps(settings, clock)
+    from duetime.adapters.aws import clients as aws
+    from duetime.adapters.aws.dynamodb import DynamoStore
+    from duetime.adapters.aws.s3_logs import S3Logs
+    from duetime.adapters.aws.sqs import SqsQueues
+    from duetime.adapters.aws.stepfunctions import StepFunctionsTimeoutRunner
+
     store = DynamoStore(
         settings.jobs_table,
         settings.runs_table,
@@ -102,12 +108,16 @@ def _dynamodb_idempotency(table: str | None) -> Callable[[], DynamoDBPersistence
 
 @lru_cache(maxsize=8)
 def _persistence(table: str) -> DynamoDBPersistenceLayer:
+    from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
+
     return DynamoDBPersistenceLayer(table_name=table)
 
 
 def lambda_invoker() -> LambdaInvoker:
     """The dispatcher's Lambda invoker (``lambda:InvokeFunction``; locally, ``AWS_ENDPOINT_URL_LAMBDA``
     points it at the local stack's Lambda runtime, whichever backend holds the state)."""
+    from duetime.adapters.aws.lambda_invoker import BotoLambdaInvoker
+
     return BotoLambdaInvoker()
 
 

@@ -26,16 +26,17 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
-
-from aws_lambda_powertools.utilities.idempotency import BasePersistenceLayer
+from typing import TYPE_CHECKING, Any, Protocol
 
 from duetime.domain.lifecycle import AttemptEnd
 from duetime.domain.models import AttemptRecord, Job, Run, RunMessage
 
-#: The persistence of ``Idempotency-Key`` records: Powertools' own port (its abstract persistence layer), so
-#: any store can back the API's idempotency (DynamoDB on AWS; a custom layer elsewhere).
-IdempotencyPersistence = BasePersistenceLayer
+if TYPE_CHECKING:  # a type only: importing Powertools' idempotency loads boto3 (~30 MB a process)
+    from aws_lambda_powertools.utilities.idempotency import BasePersistenceLayer
+
+    #: The persistence of ``Idempotency-Key`` records: Powertools' own port (its abstract persistence
+    #: layer), so any store can back the API's idempotency (DynamoDB on AWS; a custom layer elsewhere).
+    IdempotencyPersistence = BasePersistenceLayer
 
 
 class JobStore(Protocol):

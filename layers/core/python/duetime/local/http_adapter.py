@@ -87,12 +87,16 @@ class JsonErrorRequestHandler(WSGIRequestHandler):
             self.wfile.write(body)
 
 
-def make_api_server(host: str, port: int, app: Callable[..., Any]) -> BaseWSGIServer:
+def make_api_server(
+    host: str, port: int, app: Callable[..., Any], *, fd: int | None = None
+) -> BaseWSGIServer:
     """A threaded HTTP server for ``app`` whose every error answer is JSON (:class:`JsonErrorRequestHandler`).
 
     ``duetime local`` serves its API with it: a 414, 431 or malformed request gets the API's error shape.
+    With ``fd``, it serves the already listening socket of that descriptor (``host`` and ``port`` unused):
+    each of the stack's API processes (:mod:`duetime.local.api_process`) accepts from the one socket.
     """
-    return make_server(host, port, app, threaded=True, request_handler=JsonErrorRequestHandler)
+    return make_server(host, port, app, threaded=True, request_handler=JsonErrorRequestHandler, fd=fd)
 
 
 def to_http_api_event(request: Request) -> dict[str, Any]:

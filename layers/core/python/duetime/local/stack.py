@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +47,7 @@ from typing import Any
 from duetime.adapters.aws.resources import ResourceNames, create_all
 from duetime.config.settings import CONTAINER_TIERS, Settings, get_settings, settings_to_env
 from duetime.local import callcount, lifeline
+from duetime.local.api_process import DEFAULT_API_PROCESSES
 
 STATE_DIR = Path(".duetime")
 #: how long a worker of the stack told to stop may try to hand its run back after its task ended, seconds
@@ -68,6 +70,10 @@ class StateDirInUseError(RuntimeError):
     """Another ``duetime local`` holds the state directory (the message says which process)."""
 
 
+class ApiPortError(RuntimeError):
+    """The API's port cannot be listened on (in use, or not allowed); the message names it."""
+
+
 @dataclass
 class LocalOptions:
     #: "sqlite" (durable, under ``state_dir``) or "moto"
@@ -81,6 +87,9 @@ class LocalOptions:
     workers: int = 2
     #: tasks each worker runs at once (``--slots``); 0 = the tier's default (worker.DEFAULT_SLOTS)
     slots: int = 0
+    #: processes serving the API (``--api-processes``; api_process.DEFAULT_API_PROCESSES); 0 = a thread of
+    #: this process
+    api_processes: int = DEFAULT_API_PROCESSES
     demo: bool = True
     shards: int = 4
     lease_seconds: float = 30.0
@@ -115,6 +124,8 @@ class LocalStack:
     _stopping: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _api_server: Any = None
+    _api_socket: socket.socket | None = None
+    _api_procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _lambda: Any = None
     _lock_fd: int | None = None
     _signals: list[int] = field(default_factory=list)
@@ -323,14 +334,74 @@ class LocalStack:
         self._thread(lambda: source.run_forever(self._stopping), "lambda-event-source")
 
     def _start_api(self) -> None:
+        if self.options.tenants:
+            names = ", ".join(sorted(set(self.options.tenants.values())))
+            print(f"Tenants: {names} (Authorization: Bearer <token>)", flush=True)
+        if self.options.api_processes <= 0:
+            self._start_api_thread()
+            return
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", self.options.api_port))
+        except OSError as exc:
+            sock.close()
+            raise ApiPortError(
+                f"cannot listen on 127.0.0.1:{self.options.api_port} for the API ({exc.strerror}); "
+                "stop the program using it or choose another --api-port (0 = any free port)"
+            ) from None
+        sock.listen(1024)
+        # non-blocking: the API processes all wait on it and one takes each connection (the others' accept
+        # finds nothing and they wait again); each accepted connection is blocking
+        sock.setblocking(False)
+        self._api_socket = sock
+        self.api_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        for _ in range(self.options.api_processes):
+            self._spawn_api_process()
+        self._wait_for_api()
+
+    def _spawn_api_process(self) -> None:
+        from duetime.local.api_process import TENANTS_ENV
+
+        assert self._api_socket is not None
+        fd = self._api_socket.fileno()
+        verbose = ["--verbose"] if self.options.verbose else []
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "duetime.local.api_process", "--fd", str(fd), *verbose],
+            env={
+                **os.environ,
+                **self.env,
+                **lifeline.child_env(),
+                TENANTS_ENV: json.dumps(self.options.tenants),
+            },
+            pass_fds=(fd,),
+            start_new_session=True,
+        )
+        self._api_procs.append(proc)
+
+    def _wait_for_api(self, timeout: float = 60.0) -> None:
+        """Until the API answers ``GET /health`` (its processes import the handler first)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            dead = [p for p in self._api_procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"an API process exited with {dead[0].returncode} while starting")
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/healthz", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the API at {self.api_url} did not answer within {timeout:g} s")
+            time.sleep(0.1)
+
+    def _start_api_thread(self) -> None:
         from duetime.local.http_adapter import HttpApiAdapter, make_api_server
         from duetime.local.lambda_runtime import handler
 
         app = HttpApiAdapter(handler("api", concurrency=4), tenants=self.options.tenants)
         self._api_server = make_api_server("127.0.0.1", self.options.api_port, app)
-        if self.options.tenants:
-            names = ", ".join(sorted(set(self.options.tenants.values())))
-            print(f"Tenants: {names} (Authorization: Bearer <token>)", flush=True)
         self.api_url = f"http://127.0.0.1:{self._api_server.server_port}"
         import logging
 
@@ -444,6 +515,18 @@ class LocalStack:
             # this thread must outlive the stack: the workers it spawns follow it (PR_SET_PDEATHSIG is tied
             # to the spawning thread), so one failed restart is reported and tried again a second later
             while not self._stopping.wait(1.0):
+                for api_proc in list(self._api_procs):
+                    if api_proc.poll() is None or self._stopping.is_set():
+                        continue
+                    try:
+                        print(
+                            f"API process {api_proc.pid} exited with {api_proc.returncode}; restarting",
+                            flush=True,
+                        )
+                        self._spawn_api_process()
+                        self._api_procs.remove(api_proc)
+                    except Exception as exc:  # noqa: BLE001 - keep supervising
+                        print(f"restarting an API process failed: {exc!r}", file=sys.stderr, flush=True)
                 for tier, proc in list(self._workers):
                     if proc.poll() is None or self._stopping.is_set():
                         continue
@@ -537,6 +620,18 @@ class LocalStack:
                 proc.wait()
         if self._api_server is not None:
             self._api_server.shutdown()
+        for api_proc in self._api_procs:
+            if api_proc.poll() is None:
+                api_proc.terminate()
+        for api_proc in self._api_procs:
+            try:
+                api_proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                api_proc.kill()
+                api_proc.wait()
+        if self._api_socket is not None:
+            self._api_socket.close()
+            self._api_socket = None
         if self._lambda is not None:
             self._lambda.stop()
         for thread in self._threads:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from duetime.config.settings import Settings
 from duetime.domain.clock import Clock
-from duetime.domain.ports import IdempotencyPersistence, LogStore, RunQueue, Store, TimeoutRunner
+from duetime.domain.ports import LogStore, RunQueue, Store, TimeoutRunner
+
+if TYPE_CHECKING:
+    from duetime.domain.ports import IdempotencyPersistence
 
 
 def _never(exc: BaseException) -> bool:  # noqa: ARG001 - the default classifier knows no endpoint

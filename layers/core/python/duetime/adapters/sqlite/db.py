@@ -19,7 +19,7 @@ import os
 import sqlite3
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -150,8 +150,10 @@ class _Holder:
         except sqlite3.Error:
             pass
 
-    def __del__(self) -> None:
-        if self.pid == os.getpid():  # a forked child must not close its parent's connection
+    def __del__(self, getpid: Callable[[], int] = os.getpid) -> None:
+        # a forked child must not close its parent's connection; getpid bound early: at interpreter exit
+        # the module's globals (os) may already be gone
+        if self.pid == getpid():
             self.close()
 
 

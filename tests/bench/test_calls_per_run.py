@@ -4,7 +4,7 @@ A change that adds a call or a write unit to a run's path fails here: update the
 README's Performance section, or remove the extra call. Derived from the code (DESIGN.md sections 4 and 5):
 - submit: PutItem job (+ due and by_tenant GSI entries);
 - claim (API for a run-now job, tick for a scheduled one): PutItem run (+ watchdog GSI), UpdateItem job
-  (advance next_fire_at: the due GSI entry moves or leaves; by_tenant only when the state changes), SendMessage;
+  (advance next_fire_at: the due GSI entry moves or leaves; by_tenant only when the state changes), SendMessageBatch (one request per 10 messages);
 - worker: ReceiveMessage, UpdateItem run (start: watch_at moves in the watchdog GSI), PutObject log,
   UpdateItem run (finish: leaves the watchdog GSI), DeleteMessage;
 - sweeper with nothing overdue: one empty watchdog Query per shard, nothing per run.
@@ -112,7 +112,7 @@ def test_a_run_now_job_costs_five_calls_to_submit_and_six_to_run(deps: Deps, cou
         "dynamodb PutItem test-jobs": 1,
         "dynamodb PutItem test-runs": 1,
         "dynamodb UpdateItem test-jobs": 1,
-        "sqs SendMessage test-small": 1,
+        "sqs SendMessageBatch test-small": 1,
     }
     # rate counter: 1; put job: table + due + by_tenant; put run: table + watchdog; advance (next_fire_at
     # removed, state COMPLETED): table + leaving due + by_tenant (its projected state changed)
@@ -149,7 +149,7 @@ def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
     assert result.claimed == 1
 
     # Then a tick with nothing due costs one empty Query (plus its shard lease), and the due job adds
-    # exactly: PutItem run, UpdateItem job (advance), SendMessage, and its bytes in the Query's page
+    # exactly: PutItem run, UpdateItem job (advance), SendMessageBatch, and its bytes in the Query's page
     fixed_ops = ops(fixed)
     assert fixed_ops["dynamodb Query test-jobs"] == 1
     assert [r["items"] for r in fixed if r["op"] == "Query"] == [0]
@@ -157,7 +157,7 @@ def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
     assert per_run == {
         "dynamodb PutItem test-runs": 1,
         "dynamodb UpdateItem test-jobs": 1,
-        "sqs SendMessage test-small": 1,
+        "sqs SendMessageBatch test-small": 1,
     }
     assert [r["items"] for r in ticked if r["op"] == "Query"] == [1]
     # put run: table + watchdog; advance (next_fire_at moves): table + due delete + due put; by_tenant
@@ -175,6 +175,34 @@ def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
     swept = counted.take()
     assert ops(swept) == {"dynamodb Query test-runs": deps.settings.shard_count}
     assert all(r["items"] == 0 for r in swept)
+
+
+def test_a_tick_sends_its_claims_messages_ten_to_a_batch_request(
+    deps: Deps, clock: FixedClock, counted: Counted
+) -> None:
+    # Given jobs due at their first fire, more than 20 of them on one shard
+    made = [
+        _submit(deps, job_id=f"batch-{i:02d}", schedule=ScheduleSpec(expression="rate(5 minutes)"))
+        for i in range(60)
+    ]
+    shard = made[0].shard
+    mine = sum(j.shard == shard for j in made)
+    assert mine > 20
+    counted.take()
+    clock.advance(300)
+    # When the shard ticks (batches of 10: SendMessageBatch's limit)
+    assert claims.tick(shard, deps).claimed == mine
+    ticked = counted.take()
+    # Then each job costs its PutItem and UpdateItem, and the messages one SQS request per 10, not one each
+    calls = ops(ticked)
+    # (the two more UpdateItems on the jobs table take and release the shard's lease)
+    assert calls["dynamodb PutItem test-runs"] == mine and calls["dynamodb UpdateItem test-jobs"] == mine + 2
+    assert "sqs SendMessage test-small" not in calls
+    sends = [r for r in ticked if r["op"] == "SendMessageBatch"]
+    assert sorted(r["messages"] for r in sends) == sorted(
+        [10] * (mine // 10) + ([mine % 10] if mine % 10 else [])
+    )
+    assert sum(r["requests"] for r in sends) == -(-mine // 10)
 
 
 def test_a_second_install_replaces_the_first(deps: Deps, counted: Counted) -> None:

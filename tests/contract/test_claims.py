@@ -11,6 +11,7 @@ import pytest
 
 from duetime.domain.errors import AlreadyClaimedError, JobExistsError, StaleClaimError, StartRejectedError
 from duetime.domain.models import JobState, RunState
+from duetime.domain.ports import JobAdvance
 from tests.contract.conftest import T0, Adapters
 from tests.contract.factories import MS, make_job, make_run, put_run, start
 
@@ -68,7 +69,58 @@ def test_of_eight_racing_claimers_of_one_slot_exactly_one_puts_the_run(adapters:
     assert adapters.store.get_run(job.job_id, T0) == runs[won[0]]
 
 
+def test_a_batch_put_inserts_the_new_runs_and_reports_the_existing_ones_in_order(adapters: Adapters) -> None:
+    job = make_job("batch-claim")
+    earlier = put_run(adapters.store, job, T0 + MS)  # an earlier, crashed claim inserted this one
+    runs = [make_run(job, T0 + i * MS, missed_slots=i) for i in range(4)]
+    assert adapters.store.put_new_runs(runs) == [True, False, True, True]
+    assert adapters.store.get_run(job.job_id, T0 + MS) == earlier  # the stored run is kept
+    assert [r.due_at for r in adapters.store.list_runs(job.job_id)] == [T0 + i * MS for i in (3, 2, 1, 0)]
+    assert adapters.store.put_new_runs(runs) == [False] * 4
+    assert adapters.store.put_new_runs([]) == []
+
+
+def test_racing_batch_puts_of_the_same_runs_insert_each_run_exactly_once(adapters: Adapters) -> None:
+    jobs = [make_job(f"batch-race-{i}") for i in range(5)]
+    runs = [make_run(job, T0) for job in jobs]
+
+    # half the claimers put them in one order, half in the other
+    def claim(i: int) -> dict[str, bool]:
+        batch = runs if i % 2 else runs[::-1]
+        return dict(zip([r.run_id for r in batch], adapters.store.put_new_runs(batch), strict=True))
+
+    won, lost = race(RACERS, claim, AlreadyClaimedError)
+    assert (len(won), lost) == (RACERS, [])  # a batch never raises for a run that exists
+    # every run inserted by exactly one of the eight claimers
+    for run in runs:
+        assert sum(flags[run.run_id] for flags in won) == 1, run.run_id
+    assert all(adapters.store.get_run(r.job_id, T0) == r for r in runs)
+
+
 # ---- claim step 2: the job's next fire -------------------------------------------------------------------
+def test_a_batch_advance_applies_each_unless_its_claim_is_stale(adapters: Adapters) -> None:
+    fresh, moved, done = (make_job(n, next_fire_at=T0) for n in ("adv-fresh", "adv-moved", "adv-done"))
+    for job in (fresh, moved, done):
+        adapters.store.put_new_job(job)
+    adapters.store.advance(moved.job_id, claimed=T0, next_fire_at=T0 + timedelta(minutes=1), now=T0)
+    later = T0 + timedelta(minutes=5)
+    applied = adapters.store.advance_many(
+        [
+            JobAdvance(fresh.job_id, T0, later, missed=3),
+            JobAdvance(moved.job_id, T0, later),  # another claimer moved it first
+            JobAdvance(done.job_id, T0, None),
+            JobAdvance("no-such-job", T0, later),
+        ],
+        now=T0 + MS,
+    )
+    assert applied == [True, False, True, False]
+    a, b, c = (adapters.store.get_job(j.job_id) for j in (fresh, moved, done))
+    assert a is not None and (a.next_fire_at, a.missed_slots, a.updated_at) == (later, 3, T0 + MS)
+    assert b is not None and b.next_fire_at == T0 + timedelta(minutes=1)
+    assert c is not None and (c.state, c.next_fire_at) == (JobState.COMPLETED, None)
+    assert adapters.store.advance_many([], now=T0) == []
+
+
 def test_advance_with_a_stale_claim_raises_and_leaves_the_job(adapters: Adapters) -> None:
     job = make_job("advance", next_fire_at=T0)
     adapters.store.put_new_job(job)

@@ -54,6 +54,25 @@ def test_a_message_sent_without_delay_is_received_as_sent(adapters: Adapters) ->
     assert got.receipt_handle
 
 
+def test_a_batch_send_delivers_every_message_each_after_its_own_delay(adapters: Adapters) -> None:
+    tier = adapters.new_tier()
+    now_ones = [message(f"batch-{i}", tenant=None if i == 3 else f"t{i % 2}") for i in range(12)]
+    later = message("batch-later")
+    adapters.queues.send_batch(tier, [(m, 0) for m in now_ones] + [(later, 2)])  # 13: two SQS batches
+    got: list[ReceivedMessage] = []
+    started = time.monotonic()
+    while len(got) < 12 and time.monotonic() - started < 5:
+        got += adapters.queues.receive(tier, max_messages=10, wait_seconds=0, visibility_seconds=30)
+    assert sorted((g.message.job_id, g.receive_count) for g in got if g.message) == sorted(
+        (m.job_id, 1) for m in now_ones
+    )
+    # the delayed one shows only after its delay
+    again, at = receive_within(adapters, tier, 4)
+    assert [g.message.job_id for g in again if g.message] == ["batch-later"]
+    assert at - started >= 2 - SLACK
+    adapters.queues.send_batch(tier, [])  # nothing to send: no error
+
+
 def test_a_message_without_a_tenant_is_delivered_too(adapters: Adapters) -> None:
     tier = adapters.new_tier()
     sent = message(tenant=None)

@@ -148,7 +148,7 @@ def _drain(deps: Deps, *, workers: int = 1) -> None:
         ("before", "PutItem", "-runs", "tick"),  # nothing written yet
         ("after", "PutItem", "-runs", "tick"),  # the run exists; the job was not advanced, nothing sent
         ("after", "UpdateItem", "crashy-after-UpdateItem", "sweeper"),  # run + advanced job, but no message
-        ("after", "SendMessage", "crashy-after-SendMessage", "nobody"),  # all done but the lease release
+        ("after", "SendMessageBatch", "crashy-after-SendMessageBatch", "nobody"),  # all done but the lease release
     ],
     ids=["before-put-run", "after-put-run", "after-advance-job", "after-send"],
 )

@@ -131,19 +131,19 @@ def test_a_tick_claims_many_jobs_at_once_each_exactly_once_and_isolates_a_failin
     assert deps.settings.claim_concurrency == 8
     made = [_rate_job(deps, job_id=f"job-{i:02d}") for i in range(60)]
     clock.advance(270)
-    # and one job whose claim fails (an unexpected error in its own claim)
-    real_claim = claims.claim
+    # and one job whose claim fails (an unexpected error in its own claim: its whole batch fails)
+    real_claim = claims.claim_batch
     threads: set[str] = set()
 
-    def claim(job: Job, deps: Deps, **kw):  # type: ignore[no-untyped-def]
+    def claim_batch(jobs: list[Job], deps: Deps, **kw):  # type: ignore[no-untyped-def]
         import threading
 
         threads.add(threading.current_thread().name)
-        if job.job_id == "job-13":
+        if any(job.job_id == "job-13" for job in jobs):
             raise RuntimeError("boom")
-        return real_claim(job, deps, **kw)
+        return real_claim(jobs, deps, **kw)
 
-    monkeypatch.setattr(claims, "claim", claim)
+    monkeypatch.setattr(claims, "claim_batch", claim_batch)
     # When every shard ticks
     results = [claims.tick(shard, deps) for shard in range(deps.settings.shard_count)]
     # Then every other job has exactly one PENDING run at its first fire and one message, claimed on
@@ -158,6 +158,60 @@ def test_a_tick_claims_many_jobs_at_once_each_exactly_once_and_isolates_a_failin
             assert [(r.state, r.due_at) for r in runs] == [(RunState.PENDING, T0 + timedelta(minutes=5))]
     assert queue_counts(deps.settings.queue_url("small"))["delayed"] == 59
     # And the next tick, the fault gone, claims only the one left
-    monkeypatch.setattr(claims, "claim", real_claim)
+    monkeypatch.setattr(claims, "claim_batch", real_claim)
     again = [claims.tick(shard, deps) for shard in range(deps.settings.shard_count)]
     assert sum(r.claimed for r in again) == 1 and sum(r.already_claimed for r in again) == 0
+
+
+def test_a_tick_on_sqlite_claims_a_burst_in_batches_of_one_transaction_per_step(
+    tmp_path, monkeypatch
+) -> None:
+    # Given 600 one-off jobs due at one instant in the embedded store, claimed in batches of 250
+    from duetime.adapters.sqlite import db as sqlite_db
+    from duetime.config.deps import sqlite_deps
+    from duetime.config.settings import Settings
+    from duetime.domain.clock import FixedClock
+
+    clock = FixedClock(T0)
+    settings = Settings(
+        state_dir=str(tmp_path),
+        shard_count=1,
+        claim_concurrency=1,
+        claim_batch_size=250,
+        tick_period_seconds=10,
+        tick_margin_seconds=5,
+        tenant_submits_per_minute=1000,
+    )
+    deps = sqlite_deps(settings, clock)
+    due = T0 + timedelta(seconds=30)
+    for i in range(600):
+        request = CreateJobRequest(
+            job_id=f"burst-{i:03d}",
+            name=f"burst {i}",
+            schedule=ScheduleSpec(expression=f"at({due:%Y-%m-%dT%H:%M:%S})"),
+            task=ContainerTask(command=["true"]),
+        )
+        jobs.create_job(request, tenant="t1", deps=deps)
+    commits = 0
+    real = sqlite_db.Database.transaction
+
+    def counted(self):  # type: ignore[no-untyped-def]
+        nonlocal commits
+        commits += 1
+        return real(self)
+
+    monkeypatch.setattr(sqlite_db.Database, "transaction", counted)
+    # When the shard ticks once the due time is within its lookahead (15 s)
+    assert deps.store.list_runs("burst-000") == []
+    clock.advance(20)
+    result = claims.tick(0, deps)
+    # Then every job has one PENDING run and one message, the jobs are COMPLETED
+    assert (result.claimed, result.already_claimed, result.errors) == (600, 0, 0)
+    assert all(len(deps.store.list_runs(f"burst-{i:03d}")) == 1 for i in range(0, 600, 37))
+    assert deps.queues.counts("small")["delayed"] == 600  # type: ignore[attr-defined]
+    assert {deps.store.get_job(f"burst-{i:03d}").state for i in (0, 299, 599)} == {JobState.COMPLETED}  # type: ignore[union-attr]
+    # in 3 batches of at most 4 transactions each (runs, advances, the tenant's counter, the messages),
+    # plus the shard lease taken and released: not 4 per job
+    assert commits <= 3 * 4 + 2
+    # And a second tick finds nothing due
+    assert claims.tick(0, deps).claimed == 0

@@ -30,6 +30,7 @@ from duetime.domain.errors import (
     PageTokenError,
     StaleClaimError,
     StartRejectedError,
+    ThrottledError,
 )
 from duetime.domain.lifecycle import AttemptEnd, build_run, decide_attempt_end, message_for
 from duetime.domain.models import (
@@ -180,13 +181,80 @@ def test_a_new_file_gets_the_schema_in_wal_mode_and_reopening_changes_nothing(db
     assert first.schema_version() == SCHEMA_VERSION
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+    # no SQLite busy handler: Database waits for the write lock itself (in short steps)
+    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 0
     key = conn.execute("SELECT value FROM meta WHERE key = 'page_token_key'").fetchone()[0]
     again = Database(db_path)
     assert again.schema_version() == SCHEMA_VERSION
     assert again.connection().execute("SELECT value FROM meta").fetchall() == [(key,)]
     first.close()
     again.close()
+
+
+def _hold_write_lock(path: Path, seconds: float, held: threading.Event) -> None:
+    """Another connection (as another process would) takes the write lock for ``seconds``."""
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    held.set()
+    time.sleep(seconds)
+    other.execute("COMMIT")
+    other.close()
+
+
+def test_a_writer_waits_for_another_connections_write_lock_then_commits(db_path: Path) -> None:
+    db = Database(db_path)
+    held = threading.Event()
+    holder = threading.Thread(target=_hold_write_lock, args=(db_path, 0.4, held))
+    holder.start()
+    held.wait(5)
+    started = time.monotonic()
+    with db.transaction() as conn:
+        conn.execute("INSERT INTO meta (key, value) VALUES ('waited', 'yes')")
+    waited = time.monotonic() - started
+    holder.join()
+    # it got the lock soon after the other let go (short retries, not SQLite's sleeps of up to 100 ms)
+    assert 0.3 <= waited < 0.4 + 0.1
+    assert db.read("SELECT value FROM meta WHERE key = 'waited'") == [("yes",)]
+    db.close()
+
+
+def test_a_write_lock_held_past_the_busy_timeout_is_a_throttled_error_and_writes_nothing(
+    db_path: Path,
+) -> None:
+    db = Database(db_path, busy_timeout_ms=200)
+    held = threading.Event()
+    holder = threading.Thread(target=_hold_write_lock, args=(db_path, 0.8, held))
+    holder.start()
+    held.wait(5)
+    started = time.monotonic()
+    with pytest.raises(ThrottledError, match="write lock stayed taken"):
+        with db.transaction() as conn:
+            conn.execute("INSERT INTO meta (key, value) VALUES ('lost', 'no')")
+    assert 0.2 <= time.monotonic() - started < 0.5
+    holder.join()
+    assert db.read("SELECT value FROM meta WHERE key = 'lost'") == []
+    db.close()
+
+
+def test_threads_of_one_process_take_turns_on_the_write_lock(db_path: Path) -> None:
+    db = Database(db_path)
+    db.read("SELECT 1")
+
+    def add(i: int) -> None:
+        for j in range(50):
+            with db.transaction() as conn:
+                (n,) = conn.execute("SELECT COUNT(*) FROM meta").fetchone()
+                conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (f"k{i}.{j}", str(n)))
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # 400 read-then-write transactions, none lost, each saw every earlier one (counts 1..400, once each)
+    counts = sorted(int(v) for (v,) in db.read("SELECT value FROM meta WHERE key LIKE 'k%'"))
+    assert counts == list(range(1, 401))
+    db.close()
 
 
 def test_a_file_from_a_newer_schema_is_refused(db_path: Path) -> None:

@@ -193,6 +193,12 @@ class SimQueue:
     def send(self, tier: str, message: RunMessage, *, delay: int = 0) -> None:
         self.send_body(tier, message.model_dump_json(), delay, f"{message.run_id}#{message.attempt}")
 
+    def send_batch(self, tier: str, messages: list[tuple[RunMessage, int]]) -> None:
+        """A batch send: each entry as :meth:`send` (each its own interleaving and fault point, so a crash
+        part way through sends only the first entries, and each may be lost or sent twice)."""
+        for message, delay in messages:
+            self.send(tier, message, delay=delay)
+
     def send_body(self, tier: str, body: str, delay: int, label: str) -> None:
         """SendMessage, with the queue's faults: the message may be lost or sent twice."""
         sim = self.sim

@@ -58,6 +58,10 @@ class Settings(BaseModel):
     #: claims a tick makes at once within its shard (threads; each claim is three round trips, so one shard
     #: claims about ``claim_concurrency`` times faster than sequentially); 1 = one after the other
     claim_concurrency: int = Field(default=8, ge=1, le=32)
+    #: due jobs claimed together, each claim step done for the batch at once (services.claims.claim_batch):
+    #: on AWS one SendMessageBatch per 10 messages (SQS's limit, hence the default); the embedded store
+    #: does a step for the whole batch in one transaction
+    claim_batch_size: int = Field(default=10, ge=1, le=1000)
     lease_seconds: float = Field(default=30.0, gt=0)
     heartbeat_seconds: float = Field(default=10.0, gt=0)
     #: how long a PENDING run may sit past its due time before the sweeper re-sends its message.
@@ -125,6 +129,7 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_TICK_PERIOD_SECONDS": "tick_period_seconds",
     "DUETIME_TICK_MARGIN_SECONDS": "tick_margin_seconds",
     "DUETIME_CLAIM_CONCURRENCY": "claim_concurrency",
+    "DUETIME_CLAIM_BATCH_SIZE": "claim_batch_size",
     "DUETIME_LEASE_SECONDS": "lease_seconds",
     "DUETIME_HEARTBEAT_SECONDS": "heartbeat_seconds",
     "DUETIME_PENDING_GRACE_SECONDS": "pending_grace_seconds",

@@ -105,3 +105,7 @@ class PageTokenError(RequestFieldError):
 class LogStoreError(DuetimeError):
     """The log store refused part of a request (e.g. some chunks were not deleted); nothing is lost: the
     caller may try again."""
+
+
+class QueueSendError(DuetimeError):
+    """Some messages of a batch send were not sent (the message says how many and why); the rest were."""

@@ -39,6 +39,17 @@ if TYPE_CHECKING:  # a type only: importing Powertools' idempotency loads boto3 
     IdempotencyPersistence = BasePersistenceLayer
 
 
+@dataclass(frozen=True)
+class JobAdvance:
+    """Claim step 2 of one job: move its ``next_fire_at`` from ``claimed`` (the value the claimer read) to
+    ``next_fire_at`` (None: the job is COMPLETED), adding ``missed`` to its ``missed_slots``."""
+
+    job_id: str
+    claimed: datetime
+    next_fire_at: datetime | None
+    missed: int = 0
+
+
 class JobStore(Protocol):
     """Jobs, their claims, and the per-tenant counters and shard leases kept beside them."""
 
@@ -76,6 +87,12 @@ class JobStore(Protocol):
     ) -> None:
         """Claim step 2: move ``next_fire_at`` from ``claimed`` on (None: the job is COMPLETED), adding
         ``missed`` to ``missed_slots``. Raises StaleClaimError if another claimer moved it first."""
+
+    def advance_many(self, advances: Sequence[JobAdvance], *, now: datetime) -> list[bool]:
+        """Claim step 2 of several jobs (a tick's batch): for each, in order, whether it was applied (False:
+        another claimer moved that job first, nothing changed for it). Each is conditional on its own; the
+        embedded store applies them in one transaction, DynamoDB in one conditional UpdateItem each (it has
+        no conditional batch write, and a transaction would cost twice the write units)."""
 
     def add_missed_slots(self, job_id: str, count: int) -> None:
         """Add ``count`` to the job's ``missed_slots`` (no-op for an absent job)."""
@@ -141,6 +158,11 @@ class RunStore(Protocol):
     # ---- transitions (DESIGN.md section 5) -----------------------------------------------------------
     def put_new_run(self, run: Run) -> None:
         """Claim step 1: insert ``run`` if its key is new. Raises AlreadyClaimedError otherwise."""
+
+    def put_new_runs(self, runs: Sequence[Run]) -> list[bool]:
+        """Claim step 1 of several runs (a tick's batch): insert each whose key is new; for each, in order,
+        whether it was inserted (False: it existed, the stored one is kept). The embedded store inserts them
+        in one transaction, DynamoDB with one conditional PutItem each."""
 
     def start(
         self,
@@ -256,6 +278,15 @@ class RunQueue(Protocol):
 
     def send(self, tier: str, message: RunMessage, *, delay: int = 0) -> None:
         """Deliver ``message`` on ``tier``'s queue after ``delay`` seconds (0..900), fair across tenants."""
+
+    def send_batch(self, tier: str, messages: Sequence[tuple[RunMessage, int]]) -> None:
+        """Deliver each ``(message, delay seconds)`` on ``tier``'s queue, as :meth:`send` would: on SQS with
+        SendMessageBatch, 10 entries a call (SQS's limit); on the embedded queue in one transaction.
+
+        Raises:
+            QueueSendError: some entries were not sent (the others were; sending again is harmless, a
+                duplicate wake-up fails its conditional start).
+        """
 
     def receive(
         self,

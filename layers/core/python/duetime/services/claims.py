@@ -3,21 +3,26 @@
 For each due job: (1) conditional put of the run ``(job_id, due_at)``; (2) conditional advance of the job's
 ``next_fire_at``; (3) SendMessage to the tier's queue with ``DelaySeconds = ceil(due_at - now)``. Each step is
 idempotent on its own; a crash between two steps is repaired by the next tick (step 1 finds the run, step 2
-advances) or by the sweeper (a PENDING run past due + grace is re-sent).
+advances) or by the sweeper (a PENDING run past due + grace is re-sent). A tick does each step for a batch
+of due jobs at once (``settings.claim_batch_size``; :func:`claim_batch`): every item is still conditional on
+its own, so a batch is only fewer commits and requests, never a wider claim.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from itertools import islice
 
 from duetime.config.observability import logger
 from duetime.domain.admission import is_missed, next_fire_after, schedule_of, select_slots
-from duetime.domain.errors import AlreadyClaimedError, StaleClaimError
 from duetime.domain.lifecycle import build_run, delay_seconds, message_for
-from duetime.domain.models import Job, Run, Trigger
+from duetime.domain.models import Job, Run, RunMessage, Trigger
+from duetime.domain.ports import JobAdvance
 from duetime.domain.timeutil import truncate_ms
 from duetime.services.deps import Deps
 
@@ -103,73 +108,100 @@ def _past_deadline(job: Job, due_at: datetime, now: datetime) -> bool:
 
 
 def claim(job: Job, deps: Deps, *, trigger: Trigger = Trigger.SCHEDULE) -> ClaimResult:
-    """Claim the job's due slot(s) through the three steps of DESIGN.md section 4.
-
-    Normally that is the one slot in ``next_fire_at``. After an outage the catch-up policy picks the slots
-    (:func:`plan_slots`); catch-up runs other than the latest are recorded with trigger ``backfill``, and the
-    latest with how many slots were skipped (``missed_slots``).
-
-    Steps, each idempotent: (1) conditional PutItem of each run; (2) one conditional UpdateItem moving the
-    job's ``next_fire_at`` from the claimed value to the first slot after the last one handled (removed, with
-    the job COMPLETED, when there is none); (3) SendMessage per run with ``DelaySeconds = ceil(due - now)``,
-    also re-sent for runs an earlier, crashed claim inserted (duplicates fail the conditional start).
+    """Claim the job's due slot(s): :func:`claim_batch` of this one job.
 
     Raises:
         ValueError: if the job has no ``next_fire_at``.
-        the store's faults other than the expected condition failures (the next tick
-            retries; each step is idempotent).
+        the store's and queue's faults other than the expected condition failures (the next tick retries;
+            each step is idempotent).
     """
-    if job.next_fire_at is None:
-        raise ValueError(f"job {job.job_id} has no next_fire_at to claim")
+    return claim_batch([job], deps, trigger=trigger)[0]
+
+
+def claim_batch(jobs: Sequence[Job], deps: Deps, *, trigger: Trigger = Trigger.SCHEDULE) -> list[ClaimResult]:
+    """Claim the due slot(s) of each of ``jobs`` through the three steps of DESIGN.md section 4, each step
+    done for the whole batch at once (a tick claims a page of due jobs this way: on SQLite one transaction
+    per step, on SQS one SendMessageBatch per 10 messages).
+
+    Normally that is the one slot in each job's ``next_fire_at``. After an outage the catch-up policy picks
+    the slots (:func:`plan_slots`); catch-up runs other than the latest are recorded with trigger
+    ``backfill``, and the latest with how many slots were skipped (``missed_slots``).
+
+    Steps, each idempotent and conditional per item: (1) ``put_new_runs`` of every run; (2) ``advance_many``:
+    each job's ``next_fire_at`` moved from the claimed value to the first slot after the last one handled
+    (removed, with the job COMPLETED, when there is none); (3) ``send_batch`` per tier of each run with
+    ``DelaySeconds = ceil(due - now)``, for runs this claim inserted or whose job it advanced (re-sent for
+    runs an earlier, crashed claim inserted; duplicates fail the conditional start).
+
+    Returns:
+        one :class:`ClaimResult` per job, in order.
+
+    Raises:
+        ValueError: if a job has no ``next_fire_at``.
+        the store's and queue's faults other than the expected condition failures: the steps done so far
+            stay done (the next tick or the sweeper finishes the rest; each step is idempotent).
+    """
     now = deps.clock.now()
-    claimed = job.next_fire_at
-    slots, missed = plan_slots(job, now)
-
-    runs: list[Run] = []
-    created_flags: list[bool] = []
-    for i, due_at in enumerate(slots):
-        latest = i == len(slots) - 1
-        run = new_run(
-            job,
-            due_at,
-            deps,
-            trigger=Trigger.BACKFILL if not latest and is_missed(due_at, now, job.catch_up) else trigger,
-            missed_slots=missed if latest else 0,
-        )
-        try:
-            deps.store.put_new_run(run)  # step 1
-            created_flags.append(True)
-        except AlreadyClaimedError:
-            created_flags.append(False)
-        runs.append(run)
-
-    last_handled = slots[-1] if slots else max(claimed, now)
-    next_fire_at = next_fire_after(job, last_handled)
-    advanced = True
-    try:
-        deps.store.advance(
-            job.job_id, claimed=claimed, next_fire_at=next_fire_at, now=now, missed=missed
-        )  # step 2
-    except StaleClaimError:
-        advanced = False
-    if advanced and next_fire_at is None and job.schedule is not None:
-        # the scheduled job just COMPLETED: it no longer counts against its tenant's active-jobs quota
-        deps.store.add_active_jobs(job.tenant, -1)
-
-    for run, created in zip(runs, created_flags, strict=True):
-        if created or advanced:  # step 3
-            deps.queues.send(
-                job.task.tier,
-                message_for(run),
-                delay=delay_seconds(run.due_at, now),
+    planned: list[tuple[Job, list[Run], int, JobAdvance]] = []
+    for job in jobs:
+        if job.next_fire_at is None:
+            raise ValueError(f"job {job.job_id} has no next_fire_at to claim")
+        claimed = job.next_fire_at
+        slots, missed = plan_slots(job, now)
+        runs = [
+            new_run(
+                job,
+                due_at,
+                deps,
+                trigger=(
+                    Trigger.BACKFILL
+                    if i < len(slots) - 1 and is_missed(due_at, now, job.catch_up)
+                    else trigger
+                ),
+                missed_slots=missed if i == len(slots) - 1 else 0,
             )
-    if missed:
-        logger.info(
-            "missed slots skipped", extra={"job_id": job.job_id, "missed": missed, "claimed": len(runs)}
+            for i, due_at in enumerate(slots)
+        ]
+        last_handled = slots[-1] if slots else max(claimed, now)
+        planned.append(
+            (job, runs, missed, JobAdvance(job.job_id, claimed, next_fire_after(job, last_handled), missed))
         )
-    return ClaimResult(
-        runs=runs, created=sum(created_flags), advanced=advanced, next_fire_at=next_fire_at, missed=missed
+
+    created = deps.store.put_new_runs([run for _, runs, _, _ in planned for run in runs])  # step 1
+    advanced = deps.store.advance_many([advance for *_, advance in planned], now=now)  # step 2
+    completed = Counter(
+        job.tenant
+        for (job, _, _, advance), ok in zip(planned, advanced, strict=True)
+        if ok and advance.next_fire_at is None and job.schedule is not None
     )
+    for tenant, count in sorted(completed.items()):
+        # scheduled jobs that just COMPLETED no longer count against their tenant's active-jobs quota
+        deps.store.add_active_jobs(tenant, -count)
+
+    results: list[ClaimResult] = []
+    messages: dict[str, list[tuple[RunMessage, int]]] = defaultdict(list)
+    flags = iter(created)
+    for (job, runs, missed, advance), ok in zip(planned, advanced, strict=True):
+        inserted = [next(flags) for _ in runs]
+        for run, new in zip(runs, inserted, strict=True):
+            if new or ok:  # step 3
+                messages[job.task.tier].append((message_for(run), delay_seconds(run.due_at, now)))
+        if missed:
+            logger.info(
+                "missed slots skipped", extra={"job_id": job.job_id, "missed": missed, "claimed": len(runs)}
+            )
+        results.append(
+            ClaimResult(
+                runs=runs,
+                created=sum(inserted),
+                advanced=ok,
+                next_fire_at=advance.next_fire_at,
+                missed=missed,
+            )
+        )
+    for tier, batch in messages.items():
+        deps.queues.send_batch(tier, batch)
+    return results
 
 
 @dataclass
@@ -194,19 +226,32 @@ MAX_SLOTS_PER_PASS = 1000
 def claim_until(
     job: Job, deps: Deps, until: datetime, *, trigger: Trigger = Trigger.SCHEDULE
 ) -> list[ClaimResult]:
-    """Claim every slot of ``job`` due at or before ``until`` (the lookahead), one :func:`claim` per slot.
+    """Claim every slot of ``job`` due at or before ``until`` (the lookahead): :func:`claim_until_batch` of
+    this one job. Used by the API for a fresh submit."""
+    return claim_until_batch([job], deps, until, trigger=trigger)[0]
 
-    Stops when the next fire lies beyond ``until``, when the job is finished, or when another claimer moved
-    the job on (its claim then covers the rest). Used by the tick and by the API for a fresh submit.
-    """
-    results: list[ClaimResult] = []
-    current: Job | None = job
-    while current is not None and current.next_fire_at is not None and current.next_fire_at <= until:
-        outcome = claim(current, deps, trigger=trigger)
-        results.append(outcome)
-        if not outcome.advanced or len(results) >= MAX_SLOTS_PER_PASS:
-            break
-        current = current.model_copy(update={"next_fire_at": outcome.next_fire_at})
+
+def claim_until_batch(
+    jobs: Sequence[Job], deps: Deps, until: datetime, *, trigger: Trigger = Trigger.SCHEDULE
+) -> list[list[ClaimResult]]:
+    """Claim every slot of each job due at or before ``until``, in rounds of :func:`claim_batch`: a job
+    whose next fire after a round is still within ``until`` (a ``rate(10 seconds)`` job within a tick's
+    lookahead) is in the next round. A job leaves the rounds when its next fire lies beyond ``until``, when
+    it is finished, when another claimer moved it on (its claim covers the rest), or after
+    MAX_SLOTS_PER_PASS claims. Returns each job's claims, in order."""
+    results: list[list[ClaimResult]] = [[] for _ in jobs]
+    current = [
+        (i, job) for i, job in enumerate(jobs) if job.next_fire_at is not None and job.next_fire_at <= until
+    ]
+    while current:
+        outcomes = claim_batch([job for _, job in current], deps, trigger=trigger)
+        following: list[tuple[int, Job]] = []
+        for (i, job), outcome in zip(current, outcomes, strict=True):
+            results[i].append(outcome)
+            nxt = outcome.next_fire_at
+            if outcome.advanced and nxt is not None and nxt <= until and len(results[i]) < MAX_SLOTS_PER_PASS:
+                following.append((i, job.model_copy(update={"next_fire_at": nxt})))
+        current = following
     return results
 
 
@@ -215,10 +260,12 @@ def tick(shard: int, deps: Deps, *, owner: str | None = None) -> TickResult:
 
     The tick first takes the shard's lease (one tick per shard at a time; a dead tick's lease lapses after
     one tick period); if another tick holds it, this one does nothing (``result.busy``). Correctness never
-    depends on the lease: every claim is conditional. Up to ``settings.claim_concurrency`` jobs are claimed
+    depends on the lease: every claim is conditional. The due jobs are claimed in batches of
+    ``settings.claim_batch_size`` (:func:`claim_until_batch`), up to ``settings.claim_concurrency`` batches
     at once (threads; claims of different jobs touch different items, and two claims of one job race only
-    on conditional writes, as two ticks would). One failing job never stops the others: its error is logged
-    and counted, and the next tick retries it.
+    on conditional writes, as two ticks would). One failing job never stops the others: a batch that fails
+    is claimed again job by job, and a job whose own claim fails is logged and counted; the next tick
+    retries it.
     """
     now = deps.clock.now()
     until = now + timedelta(seconds=deps.settings.tick_lookahead_seconds)
@@ -237,6 +284,17 @@ def tick(shard: int, deps: Deps, *, owner: str | None = None) -> TickResult:
             logger.exception("claim failed", extra={"job_id": job.job_id, "shard": shard})
             return None
 
+    def claim_chunk(chunk: list[Job]) -> list[list[ClaimResult] | None]:
+        try:
+            return list(claim_until_batch(chunk, deps, until))
+        except Exception:  # noqa: BLE001 - one job's fault must not cost the others their claims
+            if len(chunk) == 1:
+                logger.exception("claim failed", extra={"job_id": chunk[0].job_id, "shard": shard})
+                return [None]
+            # the steps done stay done (each is idempotent): claim each job alone, isolating the fault
+            logger.warning("batch claim failed; claiming its jobs one by one", exc_info=True)
+            return [claim_one(job) for job in chunk]
+
     def add(outcomes: list[ClaimResult] | None) -> None:
         if outcomes is None:
             result.errors += 1
@@ -248,22 +306,30 @@ def tick(shard: int, deps: Deps, *, owner: str | None = None) -> TickResult:
             result.run_ids.extend(r.run_id for r in outcome.runs)
             result.not_advanced += 0 if outcome.advanced else 1
 
+    def chunks() -> Iterator[list[Job]]:
+        due = iter(deps.store.query_due(shard, until))
+        while chunk := list(islice(due, deps.settings.claim_batch_size)):
+            yield chunk
+
     width = deps.settings.claim_concurrency
     try:
         if width == 1:
-            for job in deps.store.query_due(shard, until):
-                add(claim_one(job))
+            for chunk in chunks():
+                for outcomes in claim_chunk(chunk):
+                    add(outcomes)
         else:
             with ThreadPoolExecutor(max_workers=width, thread_name_prefix=f"claim-{shard}") as pool:
-                pending: set[Future[list[ClaimResult] | None]] = set()
-                for job in deps.store.query_due(shard, until):
+                pending: set[Future[list[list[ClaimResult] | None]]] = set()
+                for chunk in chunks():
                     if len(pending) >= 2 * width:  # bounded: the due index may hold many pages
                         done, pending = wait(pending, return_when=FIRST_COMPLETED)
                         for future in done:
-                            add(future.result())
-                    pending.add(pool.submit(claim_one, job))
+                            for outcomes in future.result():
+                                add(outcomes)
+                    pending.add(pool.submit(claim_chunk, chunk))
                 for future in pending:
-                    add(future.result())
+                    for outcomes in future.result():
+                        add(outcomes)
     finally:
         deps.store.release_shard_lease(shard, owner=me, now=deps.clock.now())
     return result

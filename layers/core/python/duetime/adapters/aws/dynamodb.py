@@ -60,6 +60,7 @@ from duetime.domain.errors import (
 )
 from duetime.domain.lifecycle import AttemptEnd
 from duetime.domain.models import AttemptRecord, Job, Run, RunState, Trigger, json_text
+from duetime.domain.ports import JobAdvance
 from duetime.domain.timeutil import from_iso, to_iso
 
 _ser = TypeSerializer()
@@ -554,6 +555,24 @@ class DynamoStore:
                 raise StaleClaimError(f"job {job_id!r} was already advanced past {to_iso(claimed)}") from None
             raise
 
+    def advance_many(self, advances: Sequence[JobAdvance], *, now: datetime) -> list[bool]:
+        """:meth:`advance` of each, in order (one conditional UpdateItem each: DynamoDB has no conditional
+        batch write); for each, whether it was applied (False: another claimer moved that job first).
+
+        Raises:
+            the first error other than a failed condition (those before it were applied).
+        """
+        applied = []
+        for a in advances:
+            try:
+                self.advance(
+                    a.job_id, claimed=a.claimed, next_fire_at=a.next_fire_at, now=now, missed=a.missed
+                )
+                applied.append(True)
+            except StaleClaimError:
+                applied.append(False)
+        return applied
+
     def add_missed_slots(self, job_id: str, count: int) -> None:
         """Add ``count`` to the job's ``missed_slots`` (slots catch-up or a pause skipped at start)."""
         upd = Update(extra_condition="attribute_exists(job_id)")
@@ -584,6 +603,22 @@ class DynamoStore:
             if _is_condition_failure(exc):
                 raise AlreadyClaimedError(f"run {run.run_id} already exists") from None
             raise
+
+    def put_new_runs(self, runs: Sequence[Run]) -> list[bool]:
+        """:meth:`put_new_run` of each, in order (one conditional PutItem each); for each, whether it was
+        inserted (False: it existed).
+
+        Raises:
+            the first error other than a failed condition (the runs before it were inserted).
+        """
+        inserted = []
+        for run in runs:
+            try:
+                self.put_new_run(run)
+                inserted.append(True)
+            except AlreadyClaimedError:
+                inserted.append(False)
+        return inserted
 
     def get_run(self, job_id: str, due_at: datetime) -> Run | None:
         """The run, or None. Strongly consistent."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,22 +82,35 @@ class SqliteQueues:
     def send(self, tier: str, message: RunMessage, *, delay: int = 0) -> None:
         """Deliver ``message`` on ``tier``'s queue after ``delay`` seconds (clamped to 0..900); its tenant
         is its fairness group."""
-        self.send_raw(tier, message.model_dump_json(), tenant=message.tenant, delay=delay)
+        self.send_batch(tier, [(message, delay)])
+
+    def send_batch(self, tier: str, messages: Sequence[tuple[RunMessage, int]]) -> None:
+        """Deliver each ``(message, delay seconds)`` as :meth:`send` would, all in one transaction."""
+        self._put(tier, [(m.model_dump_json(), m.tenant, delay) for m, delay in messages])
 
     def send_raw(self, tier: str, body: str, *, tenant: str | None = None, delay: int = 0) -> None:
         """Put a message with any ``body`` on ``tier``'s queue (the bodies no sender of ours writes)."""
+        self._put(tier, [(body, tenant, delay)])
+
+    def _put(self, tier: str, entries: Sequence[tuple[str, str | None, int]]) -> None:
+        """Insert ``(body, tenant, delay)`` entries on ``tier``'s queue in one transaction."""
         self._check(tier)
+        if not entries:
+            return
         now = self._now()
-        group = tenant or ""
-        seconds = max(0, min(MAX_MESSAGE_DELAY_SECONDS, int(delay)))
+        rows = [
+            (tier, tenant or "", body, now, now + max(0, min(MAX_MESSAGE_DELAY_SECONDS, int(delay))))
+            for body, tenant, delay in entries
+        ]
+        groups = sorted({(tier, row[1]) for row in rows})
         with self.db.transaction() as conn:
-            conn.execute(
+            conn.executemany(
                 "INSERT INTO queue_messages (tier, tenant, body, sent_at, visible_at) VALUES (?, ?, ?, ?, ?)",
-                (tier, group, body, now, now + seconds),
+                rows,
             )
-            conn.execute(
+            conn.executemany(
                 "INSERT INTO queue_tenants (tier, tenant) VALUES (?, ?) ON CONFLICT (tier, tenant) DO NOTHING",
-                (tier, group),
+                groups,
             )
 
     # ---- receive -------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from duetime.domain.errors import (
 )
 from duetime.domain.lifecycle import AttemptEnd
 from duetime.domain.models import AttemptRecord, Job, JobState, Run, RunState, Trigger
+from duetime.domain.ports import JobAdvance
 from duetime.domain.timeutil import from_iso, to_iso
 
 # the run's index-only attributes (DynamoDB's names, kept as columns, never in the document)
@@ -289,18 +290,45 @@ class SqliteStore:
     def _update_job(self, job_id: str, change: Callable[[dict[str, Any]], bool]) -> bool:
         """Apply ``change`` to the job's document if it exists and ``change`` accepts it (returns True)."""
         with self.db.transaction() as conn:
-            row = conn.execute("SELECT doc FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-            if row is None:
+            return self._update_job_in(conn, job_id, change)
+
+    @staticmethod
+    def _update_job_in(
+        conn: sqlite3.Connection, job_id: str, change: Callable[[dict[str, Any]], bool]
+    ) -> bool:
+        """:meth:`_update_job` inside the caller's transaction."""
+        row = conn.execute("SELECT doc FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        if row is None:
+            return False
+        doc = json.loads(row[0])
+        if not change(doc):
+            return False
+        job = Job.from_stored(doc)
+        conn.execute(
+            "UPDATE jobs SET shard = ?, next_fire_at = ?, doc = ? WHERE job_id = ?",
+            (job.shard, _iso(job.next_fire_at), json.dumps(doc, separators=(",", ":")), job_id),
+        )
+        return True
+
+    @staticmethod
+    def _advancing(advance: JobAdvance, now: datetime) -> Callable[[dict[str, Any]], bool]:
+        """The document change of claim step 2 for ``advance`` (False: the job moved on; unchanged)."""
+        claimed_at = to_iso(advance.claimed)
+
+        def change(doc: dict[str, Any]) -> bool:
+            if doc.get("next_fire_at") != claimed_at:
                 return False
-            doc = json.loads(row[0])
-            if not change(doc):
-                return False
-            job = Job.from_stored(doc)
-            conn.execute(
-                "UPDATE jobs SET shard = ?, next_fire_at = ?, doc = ? WHERE job_id = ?",
-                (job.shard, _iso(job.next_fire_at), json.dumps(doc, separators=(",", ":")), job_id),
-            )
+            doc["updated_at"] = to_iso(now)
+            if advance.missed:
+                doc["missed_slots"] = int(doc.get("missed_slots") or 0) + advance.missed
+            if advance.next_fire_at is None:
+                doc["next_fire_at"] = None
+                doc["state"] = JobState.COMPLETED.value
+            else:
+                doc["next_fire_at"] = to_iso(advance.next_fire_at)
             return True
+
+        return change
 
     def advance(
         self, job_id: str, *, claimed: datetime, next_fire_at: datetime | None, now: datetime, missed: int = 0
@@ -311,23 +339,17 @@ class SqliteStore:
         Raises:
             StaleClaimError: ``next_fire_at`` is no longer ``claimed`` (another claimer moved it first).
         """
-        claimed_at = to_iso(claimed)
+        [applied] = self.advance_many([JobAdvance(job_id, claimed, next_fire_at, missed)], now=now)
+        if not applied:
+            raise StaleClaimError(f"job {job_id!r} was already advanced past {to_iso(claimed)}")
 
-        def change(doc: dict[str, Any]) -> bool:
-            if doc.get("next_fire_at") != claimed_at:
-                return False
-            doc["updated_at"] = to_iso(now)
-            if missed:
-                doc["missed_slots"] = int(doc.get("missed_slots") or 0) + missed
-            if next_fire_at is None:
-                doc["next_fire_at"] = None
-                doc["state"] = JobState.COMPLETED.value
-            else:
-                doc["next_fire_at"] = to_iso(next_fire_at)
-            return True
-
-        if not self._update_job(job_id, change):
-            raise StaleClaimError(f"job {job_id!r} was already advanced past {claimed_at}")
+    def advance_many(self, advances: Sequence[JobAdvance], *, now: datetime) -> list[bool]:
+        """Claim step 2 of several jobs in one transaction: for each, in order, whether it was applied
+        (False: its ``next_fire_at`` is no longer the one claimed; that job is unchanged)."""
+        if not advances:
+            return []
+        with self.db.transaction() as conn:
+            return [self._update_job_in(conn, a.job_id, self._advancing(a, now)) for a in advances]
 
     def add_missed_slots(self, job_id: str, count: int) -> None:
         """Add ``count`` to the job's ``missed_slots`` (no-op for an absent job)."""
@@ -566,10 +588,18 @@ class SqliteStore:
         Raises:
             AlreadyClaimedError: the run already exists (the stored one is kept).
         """
-        row = _RunRow(run.model_dump(mode="json"), _run_index(run))
+        [inserted] = self.put_new_runs([run])
+        if not inserted:
+            raise AlreadyClaimedError(f"run {run.run_id} already exists")
+
+    def put_new_runs(self, runs: Sequence[Run]) -> list[bool]:
+        """Claim step 1 of several runs in one transaction: for each, in order, whether it was inserted
+        (False: ``(job_id, due_at)`` existed; the stored run is kept)."""
+        if not runs:
+            return []
+        rows = [_RunRow(run.model_dump(mode="json"), _run_index(run)) for run in runs]
         with self.db.transaction() as conn:
-            if not self._save_run(conn, row, insert=True):
-                raise AlreadyClaimedError(f"run {run.run_id} already exists")
+            return [self._save_run(conn, row, insert=True) for row in rows]
 
     def _update_run(
         self,

@@ -6,6 +6,7 @@ Parts (default: all, in this order):
             default, and moto) -> lag p50/p95/p99/max, runs/s, CPU/run, PSS; each N is followed by the same
             burst on APScheduler 3, the baseline (ratio: the default backend over APScheduler 3)
   baseline  only the APScheduler 3 bursts
+  submits   POST /jobs of a cron job from 8 concurrent keep-alive clients, on each backend -> submits/s, p50/p99
   tick      claims/s of one shard's tick against moto's server
   model     the scale projection for 100M runs/day, 12K starts/s (from the parts' results)
 
@@ -29,7 +30,7 @@ from typing import Any
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 #: the lag part's backends, the default (duetime local's) first (bench.stack.BACKENDS, without importing it)
 BACKENDS = ("sqlite", "moto")
-PARTS = ("cost", "lag", "baseline", "tick", "model")
+PARTS = ("cost", "lag", "baseline", "submits", "tick", "model")
 FULL_SIZES = (100, 1000, 5000)
 QUICK_SIZES = (100, 300)
 FULL_TICK_M = (1000,)
@@ -152,7 +153,7 @@ def _machine(load: dict[str, Any] | None) -> str | None:
 
 
 def _per_run_ms(burst: dict[str, Any], role: str) -> float | None:
-    """CPU ms per started run of one role of the stack's processes ("local", "worker")."""
+    """CPU ms per started run of one role of the stack's processes ("local", "api", "worker")."""
     seconds = (burst.get("cpu_s_by_role") or {}).get(role)
     return None if seconds is None else _ms(seconds / max(1, burst.get("runs_started") or 0))
 
@@ -168,6 +169,7 @@ def lag_rows(row: dict[str, dict[str, Any]]) -> list[list[Any]]:
         ("last finish s", lambda r: r.get("burst_finish_s")),
         ("CPU ms/run (scheduler)", lambda r: _ms(r.get("cpu_duetime_s_per_run", r.get("cpu_s_per_run")))),
         ("  of which duetime local", lambda r: _per_run_ms(r, "local")),
+        ("  of which API processes", lambda r: _per_run_ms(r, "api")),
         ("  of which workers", lambda r: _per_run_ms(r, "worker")),
         ("CPU ms/run (moto)", lambda r: _ms(r.get("cpu_moto_s_per_run"))),
         ("PSS MB at end", lambda r: r.get("pss_mb")),
@@ -215,6 +217,38 @@ def ratios(
         for n in runs
         if n in baseline
     }
+
+
+def print_submits(found: dict[str, Any]) -> None:
+    print("\n== POST /jobs (a cron job, nothing due) from concurrent keep-alive clients ==")
+    rows = [
+        [
+            backend,
+            r["clients"],
+            r["submits_per_s"],
+            r["p50_ms"],
+            r["p99_ms"],
+            r["cpu_stack_ms_per_submit"],
+            r["refused"],
+            _machine(r.get("machine_after")),
+        ]
+        for backend, r in found.items()
+    ]
+    print(
+        table(
+            rows,
+            [
+                "backend",
+                "clients",
+                "submits/s",
+                "p50 ms",
+                "p99 ms",
+                "stack CPU ms",
+                "non-201",
+                "machine after",
+            ],
+        )
+    )
 
 
 def print_tick(tick: dict[str, Any]) -> None:
@@ -299,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     if "lag" in parts or "baseline" in parts:
         from bench import baseline, lag
 
-        results["lag"] = {} if "lag" in parts else lag_results(results)
-        results["baseline_apscheduler"] = {}
+        # the backends not measured now keep their earlier figures (each burst records its commit)
+        results["lag"] = lag_results(results)
+        results["baseline_apscheduler"] = dict(results.get("baseline_apscheduler") or {})
         for n in sizes:
             if "lag" in parts:
                 for backend in backends:
@@ -309,9 +344,11 @@ def main(argv: list[str] | None = None) -> int:
                         f"({args.workers} workers per tier)...",
                         flush=True,
                     )
-                    results["lag"].setdefault(backend, {})[str(n)] = lag.burst(
-                        n, backend=backend, workers=args.workers
-                    )
+                    results["lag"].setdefault(backend, {})[str(n)] = {
+                        **lag.burst(n, backend=backend, workers=args.workers),
+                        "commit": results["meta"]["machine"]["commit"],
+                        "measured_at": results["meta"]["measured_at"],
+                    }
                     _save(results, latest_path)
             print(f"baseline: burst of {n} on APScheduler 3 ({args.workers} threads)...", flush=True)
             results["baseline_apscheduler"][str(n)] = baseline.run_isolated(n, workers=args.workers)
@@ -320,6 +357,18 @@ def main(argv: list[str] | None = None) -> int:
         results["ratio_duetime_over_apscheduler"] = ratios(results["lag"], results["baseline_apscheduler"])
         print_lag(results["lag"], results["baseline_apscheduler"], results["ratio_duetime_over_apscheduler"])
     _save(results, latest_path)
+    if "submits" in parts:
+        from bench import submits
+
+        results.setdefault("submits", {})
+        for backend in backends:
+            print(f"submits: {submits.CLIENTS} clients posting cron jobs, {backend} backend...", flush=True)
+            results["submits"][backend] = {
+                **submits.measure(backend=backend, measured=600 if args.quick else submits.MEASURED),
+                "commit": results["meta"]["machine"]["commit"],
+            }
+            _save(results, latest_path)
+        print_submits(results["submits"])
     if "tick" in parts:
         from bench import tickscale
 

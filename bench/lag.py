@@ -189,7 +189,8 @@ def burst(n: int, *, backend: str = "sqlite", workers: int = 2, timeout: float =
         "window_s": round(wall1 - wall0, 2),
         "cpu_duetime_s": round(cpu1.duetime - cpu0.duetime, 3),
         "cpu_moto_s": round(cpu1.moto - cpu0.moto, 3) if backend == "moto" else None,
-        # "local": duetime local (API, tick and sweeper in its clock thread); "worker": all workers together
+        # "local": duetime local (tick and sweeper in its clock thread); "api": its API processes; "worker":
+        # all workers together
         "cpu_s_by_role": cpu_by_role,
         "pss_mb": memory.total_mb,
         "pss_mb_by_role": memory.by_role,

@@ -79,7 +79,7 @@ class CpuSample:
 
     duetime: float
     moto: float
-    #: pid -> (role: "local", "worker" or "moto"; CPU seconds)
+    #: pid -> (role: "local", "api", "worker" or "moto"; CPU seconds)
     processes: dict[int, tuple[str, float]] = field(default_factory=dict)
 
     def by_role(self) -> dict[str, float]:
@@ -116,10 +116,13 @@ def pss_kib(pid: int) -> int | None:
 
 
 def _role(proc: Any, root_pid: int) -> str | None:
-    """``"local"``, ``"worker"`` or ``"moto"`` for a process of the stack's tree; None for a task's."""
+    """``"local"``, ``"api"``, ``"worker"`` or ``"moto"`` for a process of the stack's tree; None for a
+    task's."""
     cmd = " ".join(proc.cmdline())
     if "duetime.local.moto_server" in cmd:
         return "moto"
+    if "duetime.local.api_process" in cmd:
+        return "api"
     if proc.pid == root_pid:
         return "local"
     if " worker" in cmd:
@@ -213,7 +216,8 @@ class RunningStack:
         return sum(1 for r in self.runs(job_id_prefix, ("finished_at",)) if r.get("finished_at"))
 
     def _processes(self) -> list[tuple[Any, str]]:
-        """(psutil process, role) of the stack's own processes: ``duetime local``, workers, moto's server."""
+        """(psutil process, role) of the stack's own processes: ``duetime local``, its API processes, workers,
+        moto's server."""
         import psutil
 
         root = psutil.Process(self.proc.pid)

@@ -27,8 +27,9 @@ run: $(LOCAL_STAMP)
 	$(VENV)/bin/duetime local $(ARGS)
 
 ## the whole suite: unit, integration (moto in-process), end-to-end (the real local stack), and the fault
-## harness with 200 seeds of the deterministic simulation (`make faults` runs those at length); first the
-## import contracts (under a second)
+## harness with 1,500 seeds of the deterministic simulation on the SQLite adapters (in the wall time 200 moto
+## seeds took; `make faults` runs both variants at length, the moto one only there); first the import
+## contracts (under a second)
 test: $(STAMP)
 	$(LINT_IMPORTS)
 	$(VENV)/bin/pytest -n 2 --dist loadgroup -q
@@ -89,10 +90,13 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(PY) -m bench $(or $(ARGS),all) --quick
 
-## fault injection at length (tests/faults/README.md): the process-level scenarios with their slow variants and
-## SIM_SEEDS seeds of the deterministic simulation from SIM_BASE; a failing seed prints how to replay it
-SIM_SEEDS ?= 5000
-SIM_BASE  ?= 0
+## fault injection at length (tests/faults/README.md): the process-level scenarios with their slow variants, and
+## the deterministic simulation from SIM_BASE: SIM_SEEDS seeds on the SQLite adapters and SIM_AWS_SEEDS on
+## the AWS adapters over moto (the moto variant runs only here), with the mutation tests of both; a failing
+## seed prints how to replay it
+SIM_SEEDS     ?= 5000
+SIM_AWS_SEEDS ?= 5000
+SIM_BASE      ?= 0
 faults: $(STAMP)
-	DUETIME_FAULTS_FULL=1 DUETIME_SIM_SEEDS=$(SIM_SEEDS) DUETIME_SIM_BASE=$(SIM_BASE) \
-		$(VENV)/bin/pytest -n 2 -q -m faults tests/faults tests/sim
+	DUETIME_FAULTS_FULL=1 DUETIME_SIM_SEEDS=$(SIM_SEEDS) DUETIME_SIM_AWS_SEEDS=$(SIM_AWS_SEEDS) \
+		DUETIME_SIM_BASE=$(SIM_BASE) $(VENV)/bin/pytest -n 2 -q -m faults tests/faults tests/sim

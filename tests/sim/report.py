@@ -1,8 +1,10 @@
-"""The deterministic simulation's pytest plugin: markers, and one summary line of every seed run (with ``-n``).
+"""The deterministic simulation's pytest plugin: markers, and one summary line per backend of every seed run
+(with ``-n``).
 
-Each chunk of seeds records its counts as a user property; this plugin adds them up in the controller process
-and prints, at the end of the session: seeds, failures, seeds per second, faults injected by kind. It is
-loaded by the root ``tests/conftest.py`` (``pytest_plugins``), so `make test` prints it as `make faults` does.
+Each chunk of seeds records its counts (and its backend, ``sqlite`` or ``aws``) as a user property; this
+plugin adds them up in the controller process and prints, at the end of the session, per backend: seeds,
+failures, seeds per second, faults injected by kind. It is loaded by the root ``tests/conftest.py``
+(``pytest_plugins``), so `make test` prints it as `make faults` does.
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ from typing import Any
 
 import pytest
 
-_totals: dict[str, Any] = {"seeds": 0, "failed": 0, "wall": 0.0, "faults": Counter(), "stats": Counter()}
+
+def _empty() -> dict[str, Any]:
+    return {"seeds": 0, "failed": 0, "wall": 0.0, "faults": Counter(), "stats": Counter()}
+
+
+_totals: dict[str, dict[str, Any]] = {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -30,25 +37,27 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     for name, value in report.user_properties:
         if name == "simulation":
             data = json.loads(str(value))
-            _totals["seeds"] += data["seeds"]
-            _totals["failed"] += data["failed"]
-            _totals["wall"] += data["wall_seconds"]
-            _totals["faults"].update(data["faults"])
-            _totals["stats"].update(data["stats"])
+            totals = _totals.setdefault(str(data.get("backend", "aws")), _empty())
+            totals["seeds"] += data["seeds"]
+            totals["failed"] += data["failed"]
+            totals["wall"] += data["wall_seconds"]
+            totals["faults"].update(data["faults"])
+            totals["stats"].update(data["stats"])
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not _totals["seeds"]:
+    if not any(t["seeds"] for t in _totals.values()):
         return
-    faults: Counter[str] = _totals["faults"]
-    stats: Counter[str] = _totals["stats"]
-    rate = _totals["seeds"] / _totals["wall"] if _totals["wall"] else 0.0
     terminalreporter.write_sep("-", "deterministic simulation")
-    terminalreporter.write_line(
-        f"{_totals['seeds']} seeds, {_totals['failed']} failing, {rate:.1f} seeds/s per process; "
-        f"{stats['runs']} runs, {stats['starts']} attempts started, {stats['effects']} task executions"
-    )
-    terminalreporter.write_line(
-        f"faults injected: {sum(faults.values())}: "
-        + ", ".join(f"{kind} {count}" for kind, count in sorted(faults.items()))
-    )
+    for backend, totals in sorted(_totals.items()):
+        faults: Counter[str] = totals["faults"]
+        stats: Counter[str] = totals["stats"]
+        rate = totals["seeds"] / totals["wall"] if totals["wall"] else 0.0
+        terminalreporter.write_line(
+            f"{backend}: {totals['seeds']} seeds, {totals['failed']} failing, {rate:.1f} seeds/s per process; "
+            f"{stats['runs']} runs, {stats['starts']} attempts started, {stats['effects']} task executions"
+        )
+        terminalreporter.write_line(
+            f"{backend}: faults injected: {sum(faults.values())}: "
+            + ", ".join(f"{kind} {count}" for kind, count in sorted(faults.items()))
+        )

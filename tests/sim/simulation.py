@@ -1,44 +1,62 @@
-"""Deterministic simulation of Duetime (issue 4): FoundationDB's idea in miniature.
+"""Deterministic simulation of Duetime (issues 4 and 15): FoundationDB's idea in miniature.
 
 The real services (``jobs.create_job``, ``claims.tick``, ``runs.start/heartbeat/finish`` through the real
-``Worker``, ``sweeper.sweep``) run against moto's in-process DynamoDB, in one process, with a simulated clock
-(:class:`~duetime.domain.clock.FixedClock`) and an in-memory queue (:class:`SimQueue`, the interface of
-``duetime.adapters.aws.sqs.SqsQueues``, delays and visibility in simulated time).
+``Worker``, ``sweeper.sweep``) run in one process with a simulated clock
+(:class:`~duetime.domain.clock.FixedClock`) and an in-memory queue (:class:`SimQueue`, the interface of the
+``RunQueue`` port, delays and visibility in simulated time), on one of two adapter sets (``backend``):
+
+- ``sqlite`` (the default, `make test`): :class:`~duetime.adapters.sqlite.store.SqliteStore` on a fresh
+  database file per seed, wrapped in a :class:`PortProxy` whose every call is an interleaving and fault point;
+  every write of a run is observed with its before and after image through triggers on the runs table
+  (:data:`AUDIT_SCHEMA`, in the simulation's own file only).
+- ``aws`` (`make faults`): :class:`~duetime.adapters.aws.dynamodb.DynamoStore` on moto's in-process DynamoDB,
+  interleaved and faulted per AWS call by botocore ``before-call``/``after-call`` hooks, every write of a run
+  observed from its parameters and its result.
 
 Each actor (a tick per shard, a lease-less "rogue" tick, sweepers, workers, API submits, an operator who
-triggers, cancels, pauses, resumes and re-drives) runs in its own thread, but only one thread ever runs at a time: every AWS call (a botocore ``before-call`` hook on the
-DynamoDB client, and each :class:`SimQueue` method) and every simulated sleep hands control back to the
-scheduler, which picks what runs next with ``random.Random(seed)``. So a seed fixes the interleaving of
-concurrent ticks, workers and sweepers, the faults, and the time at which each step happens: a failing seed
-replays exactly (``python -m tests.sim.simulation --seed N --trace``).
+triggers, cancels, pauses, resumes and re-drives) runs in its own thread, but only one thread ever runs at a
+time: every store call (a port call on sqlite, an AWS call on aws), each :class:`SimQueue` method and every
+simulated sleep hands control back to the scheduler, which picks what runs next with ``random.Random(seed)``.
+So a seed fixes the interleaving of concurrent ticks, workers and sweepers, the faults, and the time at which
+each step happens: a failing seed replays exactly (``python -m tests.sim.simulation --backend B --seed N
+--trace``).
 
 Faults (only during the fault phase; then a quiesce phase without faults must bring everything to rest):
-crash before or after any AWS call (``SimulatedCrash``, a ``BaseException`` so that no ``except Exception``
-in the core can swallow it, aborts that actor, which is restarted later as a supervisor would), throttling
-(the SDK's retries exhausted: ``ProvisionedThroughputExceededException``), an ambiguous error after a write
-was applied, slow calls (time jumps while a call is in flight), lost, duplicated and twice-delivered queue
-messages, and worker pauses longer than the lease (heartbeats delayed past it).
+crash before or after any call (``SimulatedCrash``, a ``BaseException`` so that no ``except Exception`` in
+the core can swallow it, aborts that actor, which is restarted later as a supervisor would), throttling
+(sqlite: ``ThrottledError``, the write lock taken past the busy timeout; aws: the SDK's retries exhausted,
+``ProvisionedThroughputExceededException``), an ambiguous error after a write was applied (sqlite: a disk
+I/O error from the commit; aws: ``InternalServerError``), slow calls (time jumps while a call is in flight),
+lost, duplicated and twice-delivered queue messages, and worker pauses longer than the lease (heartbeats
+delayed past it).
 
-Invariants (checked on every write and after each seed): see :meth:`Simulation._check_write` and
-:meth:`Simulation._final_checks`.
+Invariants (checked on every write and after each seed, the same on both backends): see
+:meth:`Simulation._check_write` and :meth:`Simulation._final_checks`.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
+import json
 import logging
 import os
 import random
+import shutil
+import sqlite3
 import sys
+import tempfile
 import threading
 import time
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from enum import Enum
+from pathlib import Path
 from typing import IO, Any
 
 import boto3
@@ -54,6 +72,7 @@ from duetime.adapters.aws.resources import (
     jobs_table_definition,
     runs_table_definition,
 )
+from duetime.adapters.sqlite.store import SqliteStore
 from duetime.config.deps import Deps
 from duetime.config.observability import logger as duetime_logger
 from duetime.config.settings import ALL_TIERS, Settings
@@ -65,6 +84,7 @@ from duetime.domain.errors import (
     NotFoundError,
     RequestFieldError,
     ScheduleError,
+    ThrottledError,
 )
 from duetime.domain.models import (
     TERMINAL_STATES,
@@ -79,7 +99,7 @@ from duetime.domain.models import (
     RunState,
     ScheduleSpec,
 )
-from duetime.domain.ports import ReceivedMessage
+from duetime.domain.ports import ReceivedMessage, Store
 from duetime.domain.timeutil import from_iso, to_epoch_ms, to_iso, truncate_ms
 from duetime.services import claims, jobs, sweeper
 from duetime.services.runs import heartbeat
@@ -176,12 +196,14 @@ class _Message:
 
 
 class SimQueue:
-    """``duetime.adapters.aws.sqs.SqsQueues`` in memory, in simulated time: delays, visibility, receive counts, redrive
-    to a dead-letter list after ``QUEUE_MAX_RECEIVE_COUNT`` receives, and stale receipt handles (a delete with
-    an old handle deletes nothing, as SQS may)."""
+    """The ``RunQueue`` port in memory, in simulated time, for both backends (as ``SqsQueues`` and
+    ``SqliteQueues`` behave): delays, visibility, receive counts, redrive to a dead-letter list after
+    ``QUEUE_MAX_RECEIVE_COUNT`` receives, and stale receipt handles (a delete with an old handle deletes
+    nothing). Its calls are interleaving and fault points like the store's, raising the backend's errors."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
+        self.service = sim.backend.queue_service
         self.queues: dict[str, list[_Message]] = {tier: [] for tier in ALL_TIERS}
         self.dead: dict[str, list[_Message]] = {tier: [] for tier in ALL_TIERS}
         self._ids = 0
@@ -202,7 +224,7 @@ class SimQueue:
     def send_body(self, tier: str, body: str, delay: int, label: str) -> None:
         """SendMessage, with the queue's faults: the message may be lost or sent twice."""
         sim = self.sim
-        sim.enter_call("sqs", "SendMessage", f"{label} delay={delay}")
+        sim.enter_call(self.service, "SendMessage", f"{label} delay={delay}")
         copies = 1
         if sim.faults_on:
             r = sim.rng.random()
@@ -214,7 +236,7 @@ class SimQueue:
                 sim.fault("duplicate_send", label)
         for _ in range(copies):
             self._add(tier, body, sim.clock.now() + timedelta(seconds=max(0, min(900, int(delay)))))
-        sim.leave_call("sqs", "SendMessage", ok=True)
+        sim.leave_call(self.service, "SendMessage", ok=True, write=True)
 
     def receive(
         self,
@@ -225,7 +247,7 @@ class SimQueue:
         visibility_seconds: int | None = None,
     ) -> list[ReceivedMessage]:
         sim = self.sim
-        sim.enter_call("sqs", "ReceiveMessage", tier)
+        sim.enter_call(self.service, "ReceiveMessage", tier)
         now = sim.clock.now()
         out: list[ReceivedMessage] = []
         for msg in list(self.queues[tier]):
@@ -249,26 +271,26 @@ class SimQueue:
             except ValueError:
                 parsed = None
             out.append(ReceivedMessage(parsed, msg.receipt, msg.body, msg.receive_count))
-        sim.leave_call("sqs", "ReceiveMessage", ok=True)
+        sim.leave_call(self.service, "ReceiveMessage", ok=True, write=True)
         return out
 
     def delete(self, tier: str, receipt_handle: str) -> None:
-        self.sim.enter_call("sqs", "DeleteMessage", receipt_handle)
+        self.sim.enter_call(self.service, "DeleteMessage", receipt_handle)
         for msg in self.queues[tier]:
             if msg.receipt == receipt_handle:
                 self.queues[tier].remove(msg)
                 break
-        self.sim.leave_call("sqs", "DeleteMessage", ok=True)
+        self.sim.leave_call(self.service, "DeleteMessage", ok=True, write=True)
 
     def extend_visibility(self, tier: str, receipt_handle: str, seconds: int) -> None:
         try:
-            self.sim.enter_call("sqs", "ChangeMessageVisibility", receipt_handle)
+            self.sim.enter_call(self.service, "ChangeMessageVisibility", receipt_handle)
             for msg in self.queues[tier]:
                 if msg.receipt == receipt_handle:
                     msg.visible_at = self.sim.clock.now() + timedelta(seconds=seconds)
-            self.sim.leave_call("sqs", "ChangeMessageVisibility", ok=True)
-        except ClientError:
-            return  # best effort, as in SqsQueues
+            self.sim.leave_call(self.service, "ChangeMessageVisibility", ok=True, write=True)
+        except self.sim.backend.injected:
+            return  # best effort, as in SqsQueues and SqliteQueues
 
     def pending(self) -> int:
         return sum(len(q) for q in self.queues.values())
@@ -281,8 +303,8 @@ class SimLogs:
         self.sim = sim
 
     def put(self, key: str, data: bytes) -> None:
-        self.sim.enter_call("s3", "PutObject", key)
-        self.sim.leave_call("s3", "PutObject", ok=True)
+        self.sim.enter_call(self.sim.backend.logs_service, "PutObject", key)
+        self.sim.leave_call(self.sim.backend.logs_service, "PutObject", ok=True)
 
     def get(self, key: str) -> bytes | None:
         return None
@@ -332,7 +354,7 @@ class SimWorker(Worker):
                     )
                     sim.stats["tasks_killed_on_lease_loss"] += 1
                     return TaskOutcome(exit_code=-15, timed_out=False, lease_lost=True)
-                except ClientError:
+                except sim.backend.injected:
                     pass  # a missed heartbeat is retried at the next beat (as Worker does)
                 self.deps.queues.extend_visibility(
                     self.tier, received.receipt_handle, QUEUE_VISIBILITY_SECONDS
@@ -454,6 +476,7 @@ def _draw_jobs(rng: random.Random, fault_seconds: float) -> list[JobPlan]:
 @dataclass
 class SeedResult:
     seed: int
+    backend: str
     violations: list[str]
     faults: Counter[str]
     stats: Counter[str]
@@ -514,7 +537,7 @@ def _after_call(
     ok = http_response.status_code < 300
     params = context.get("sim_params") or {}
     if ok and model.name in WRITES:
-        sim.observe_write(model.name, params, parsed)
+        sim.backend.observe_write(model.name, params, parsed)  # type: ignore[union-attr]
     sim.leave_call("dynamodb", model.name, ok=ok, write=model.name in WRITES)
 
 
@@ -539,6 +562,394 @@ def install_hooks() -> None:
 _SIDE: Any = None
 
 
+# ---- the two adapter sets ----------------------------------------------------------------------------------
+class AwsBackend:
+    """DynamoStore on moto in-process (inside :func:`moto_world`): fresh tables per seed, every AWS call an
+    interleaving point through the botocore hooks above, every write of a run observed from its parameters."""
+
+    name = "aws"
+    queue_service = "sqs"
+    logs_service = "s3"
+    #: the only exceptions the harness injects (the core may log and swallow these, nothing else)
+    injected: tuple[type[BaseException], ...] = (ClientError,)
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.jobs_table = f"sim{sim.seed}-jobs"
+        self.runs_table = f"sim{sim.seed}-runs"
+
+    def throttle_error(self, service: str, operation: str) -> Exception:
+        return ClientError({"Error": {"Code": "ThrottlingException", "Message": "simulated"}}, operation)
+
+    def ambiguous_error(self, service: str, operation: str) -> Exception:
+        return ClientError({"Error": {"Code": "InternalServerError", "Message": "simulated"}}, operation)
+
+    def open(self) -> Store:
+        if _SIDE is None:
+            raise RuntimeError("the aws backend runs inside moto_world() (see run_seeds)")
+        install_hooks()
+        _SIDE.create_table(**jobs_table_definition(self.jobs_table))
+        _SIDE.create_table(**runs_table_definition(self.runs_table))
+        return DynamoStore(self.jobs_table, self.runs_table)
+
+    def close(self) -> None:
+        if _SIDE is not None:
+            for table in (self.jobs_table, self.runs_table):
+                with suppress(ClientError):
+                    _SIDE.delete_table(TableName=table)
+
+    # ---- reads of the stored state (never interleaved, never faulted) ---------------------------------
+    def run_images(self) -> list[dict[str, Any]]:
+        return [deserialize(i) for i in _SIDE.scan(TableName=self.runs_table, ConsistentRead=True)["Items"]]
+
+    def stored_jobs(self) -> dict[str, Job]:
+        items = [deserialize(i) for i in _SIDE.scan(TableName=self.jobs_table, ConsistentRead=True)["Items"]]
+        return {i["job_id"]: job_from_item(i) for i in items if "tenant" in i}  # (not counters, not leases)
+
+    def jobs_at_rest(self) -> bool:
+        items = _SIDE.scan(TableName=self.jobs_table, ConsistentRead=True)["Items"]
+        return all("next_fire_at" not in item for item in items if "tenant" in item)
+
+    def run_of(self, image: dict[str, Any]) -> Run:
+        return run_from_item(image)
+
+    # ---- every write of a run -----------------------------------------------------------------------
+    def observe_write(self, operation: str, params: dict[str, Any], parsed: dict[str, Any]) -> None:
+        if params.get("TableName") != self.runs_table:
+            return
+        sim = self.sim
+        if operation == "PutItem":
+            sim.observe_run("insert", None, deserialize(params["Item"]), _no_conditions)
+        elif operation == "UpdateItem":
+            if "Attributes" in parsed:
+                image = deserialize(parsed["Attributes"])
+            else:  # read what the write left (nothing else runs meanwhile)
+                out = _SIDE.get_item(TableName=self.runs_table, Key=params["Key"], ConsistentRead=True)
+                image = deserialize(out["Item"])
+            sim.observe_run("update", None, image, _dynamo_conditions(params))
+        else:
+            key = deserialize(params.get("Key") or {})
+            sim.observe_run("delete", None, None, _no_conditions, key=(key.get("job_id"), key.get("due_at")))
+
+
+def _no_conditions(before: Mapping[str, Any]) -> list[str]:
+    return []
+
+
+def _dynamo_conditions(params: dict[str, Any]) -> Callable[[Mapping[str, Any]], list[str]]:
+    """Every equality an UpdateItem was conditioned on (its ``:c_<attr>`` values), checked on the state it
+    replaced."""
+
+    def check(before: Mapping[str, Any]) -> list[str]:
+        out = []
+        for placeholder, value in (params.get("ExpressionAttributeValues") or {}).items():
+            if placeholder.startswith(":c_"):
+                attr = placeholder[3:]
+                expected = deserialize({"v": value})["v"]
+                if before.get(attr) != expected:
+                    out.append(f"write conditioned on {attr}={expected} applied over {before.get(attr)}")
+        return out
+
+    return check
+
+
+class SimulatedThrottle(ThrottledError):
+    """What ``Database.transaction`` raises when the write lock stays taken past the busy timeout (a subclass
+    only so that the harness tells its own faults from a real one)."""
+
+
+class SimulatedIOError(sqlite3.OperationalError):
+    """A commit that reached the file but reported an error (an fsync failing after the WAL frames were
+    written): ``Database.transaction`` re-raises a non-busy ``OperationalError`` as it is."""
+
+
+#: in the simulation's own database file only: every insert, update and delete of a run copied, with its
+#: before and after row, into ``sim_audit`` (drained by :class:`SqliteBackend` after each port call)
+AUDIT_SCHEMA = """
+CREATE TABLE sim_audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    op TEXT NOT NULL, job_id TEXT NOT NULL, due_at TEXT NOT NULL,
+    old_doc TEXT, old_index TEXT, new_doc TEXT, new_index TEXT
+);
+CREATE TRIGGER sim_audit_insert AFTER INSERT ON runs BEGIN
+    INSERT INTO sim_audit (op, job_id, due_at, new_doc, new_index) VALUES ('insert', NEW.job_id, NEW.due_at,
+        NEW.doc, json_object('watch_shard', NEW.watch_shard, 'active_job', NEW.active_job,
+        'running_tenant', NEW.running_tenant, 'dead_letter_tenant', NEW.dead_letter_tenant));
+END;
+CREATE TRIGGER sim_audit_update AFTER UPDATE ON runs BEGIN
+    INSERT INTO sim_audit (op, job_id, due_at, old_doc, old_index, new_doc, new_index) VALUES ('update',
+        NEW.job_id, NEW.due_at,
+        OLD.doc, json_object('watch_shard', OLD.watch_shard, 'active_job', OLD.active_job,
+        'running_tenant', OLD.running_tenant, 'dead_letter_tenant', OLD.dead_letter_tenant),
+        NEW.doc, json_object('watch_shard', NEW.watch_shard, 'active_job', NEW.active_job,
+        'running_tenant', NEW.running_tenant, 'dead_letter_tenant', NEW.dead_letter_tenant));
+END;
+CREATE TRIGGER sim_audit_delete AFTER DELETE ON runs BEGIN
+    INSERT INTO sim_audit (op, job_id, due_at, old_doc, old_index) VALUES ('delete', OLD.job_id, OLD.due_at,
+        OLD.doc, json_object('watch_shard', OLD.watch_shard, 'active_job', OLD.active_job,
+        'running_tenant', OLD.running_tenant, 'dead_letter_tenant', OLD.dead_letter_tenant));
+END;
+"""
+
+
+def _sqlite_tmp_root() -> str | None:
+    """Where the per-seed database files go: ``DUETIME_SIM_TMPDIR``, else ``/dev/shm`` (a tmpfs: the store
+    commits with ``synchronous=FULL``, and a disk's fsyncs would cost a quarter of the time), else the
+    system's temporary directory."""
+    chosen = os.environ.get("DUETIME_SIM_TMPDIR")
+    if chosen:
+        return chosen
+    shm = Path("/dev/shm")  # noqa: S108 - a private subdirectory is made in it
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+def _image(doc: str | None, index: str | None) -> dict[str, Any] | None:
+    """A run row as the invariants read it: its document and its index columns, absent values left out (as
+    a DynamoDB item has no attribute for them)."""
+    if doc is None:
+        return None
+    merged = {**json.loads(doc), **(json.loads(index) if index else {})}
+    return {k: v for k, v in merged.items() if v is not None}
+
+
+class SqliteBackend:
+    """SqliteStore on a fresh database file per seed, behind a :class:`PortProxy`: every port call an
+    interleaving and fault point, every write of a run observed through :data:`AUDIT_SCHEMA`'s triggers."""
+
+    name = "sqlite"
+    queue_service = "queue"
+    logs_service = "logs"
+    injected: tuple[type[BaseException], ...] = (SimulatedThrottle, SimulatedIOError)
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.dir: str | None = None
+        self.store: SqliteStore | None = None
+        self.side: sqlite3.Connection | None = None
+        self._seen = 0  # the last sim_audit row observed
+        self._version = 0  # the side connection's data_version after the last call
+
+    def throttle_error(self, service: str, operation: str) -> Exception:
+        return SimulatedThrottle(f"simulated: the write lock stayed taken ({service}.{operation})")
+
+    def ambiguous_error(self, service: str, operation: str) -> Exception:
+        return SimulatedIOError(f"disk I/O error (simulated, after {service}.{operation} was applied)")
+
+    def open(self) -> Store:
+        self.dir = tempfile.mkdtemp(prefix=f"duetime-sim{self.sim.seed}-", dir=_sqlite_tmp_root())
+        path = Path(self.dir) / "sim.sqlite"
+        self.store = SqliteStore(path, clock=self.sim.clock)
+        # the harness's own connection: the audit triggers, then side reads (one thread runs at a time)
+        self.side = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.side.executescript(AUDIT_SCHEMA)
+        self._version = self._data_version()
+        return PortProxy(self.store, self)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+        if self.side is not None:
+            self.side.close()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.store = self.side = self.dir = None
+
+    def _data_version(self) -> int:
+        assert self.side is not None
+        return int(self.side.execute("PRAGMA data_version").fetchone()[0])
+
+    # ---- one port call ------------------------------------------------------------------------------
+    def call(
+        self, name: str, method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """``store.<name>(*args, **kwargs)`` as an interleaving point: yield, maybe crash, throttle or stall
+        before it; observe what it wrote; maybe crash after it, or report an error although it wrote."""
+        sim = self.sim
+        sim.enter_call("store", name, _describe_call(args, kwargs))
+        try:
+            result = method(*args, **kwargs)
+        except Exception:
+            self._observe(name, method, args, kwargs)  # (a refused transition wrote nothing)
+            sim.leave_call("store", name, ok=False)
+            raise
+        wrote = self._observe(name, method, args, kwargs)
+        sim.leave_call("store", name, ok=True, write=wrote)
+        return result
+
+    def _observe(
+        self, name: str, method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> bool:
+        """Feed the call's writes of runs to the invariants; True if the call changed the file at all."""
+        assert self.side is not None
+        version = self._data_version()
+        if version == self._version:
+            return False
+        self._version = version
+        rows = self.side.execute(
+            "SELECT seq, op, job_id, due_at, old_doc, old_index, new_doc, new_index FROM sim_audit"
+            " WHERE seq > ? ORDER BY seq",
+            (self._seen,),
+        ).fetchall()
+        check = _port_conditions(name, method, args, kwargs) if rows else _no_conditions
+        for seq, op, job_id, due_at, old_doc, old_index, new_doc, new_index in rows:
+            self._seen = seq
+            self.sim.observe_run(
+                op, _image(old_doc, old_index), _image(new_doc, new_index), check, key=(job_id, due_at)
+            )
+        return True
+
+    # ---- reads of the stored state (never interleaved, never faulted) ---------------------------------
+    def run_images(self) -> list[dict[str, Any]]:
+        assert self.side is not None
+        rows = self.side.execute(
+            "SELECT doc, json_object('watch_shard', watch_shard, 'active_job', active_job, 'running_tenant',"
+            " running_tenant, 'dead_letter_tenant', dead_letter_tenant) FROM runs"
+        ).fetchall()
+        return [image for doc, index in rows if (image := _image(doc, index)) is not None]
+
+    def stored_jobs(self) -> dict[str, Job]:
+        assert self.side is not None
+        rows = self.side.execute("SELECT doc FROM jobs").fetchall()
+        jobs = [Job.from_stored(json.loads(doc)) for (doc,) in rows]
+        return {job.job_id: job for job in jobs}
+
+    def jobs_at_rest(self) -> bool:
+        assert self.side is not None
+        return not self.side.execute("SELECT 1 FROM jobs WHERE next_fire_at IS NOT NULL LIMIT 1").fetchall()
+
+    def run_of(self, image: dict[str, Any]) -> Run:
+        return Run.from_stored(image)
+
+
+class PortProxy:
+    """A port wrapped so that every call of a public method goes through ``backend.call`` (an interleaving
+    and fault point); found by name at call time, so methods added to the port later pass through too.
+    Other attributes (and ``_private`` ones) are the target's own."""
+
+    def __init__(self, target: object, backend: SqliteBackend) -> None:
+        self._target = target
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+        backend = self._backend
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return backend.call(name, attr, args, kwargs)
+
+        call.__name__ = name
+        return call
+
+
+def _describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A port call's arguments for the trace (deterministic: no object ids, no wall-clock values)."""
+
+    def one(value: Any) -> str:
+        if isinstance(value, datetime):
+            return to_iso(value)
+        if isinstance(value, str | int | float | bool) or value is None:
+            return str(value)
+        if isinstance(value, Run):
+            return f"{value.run_id}/{value.state.value}/t{value.fencing_token}"
+        if isinstance(value, Job):
+            return value.job_id
+        if hasattr(value, "expected_token") and hasattr(value, "job_id"):  # an AttemptEnd
+            return f"{value.job_id}@{to_iso(value.due_at)}->{value.state.value}/t{value.expected_token}"
+        return type(value).__name__
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return " ".join(parts)[:200]
+
+
+def _plain(value: Any) -> Any:
+    """A condition's value as a stored image holds it."""
+    if isinstance(value, datetime):
+        return to_iso(value)
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+_RUNNING, _PENDING, _RETRY_WAIT = RunState.RUNNING.value, RunState.PENDING.value, RunState.RETRY_WAIT.value
+
+
+def _port_conditions(
+    name: str, method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Callable[[Mapping[str, Any]], list[str]]:
+    """What a run transition of the ``RunStore`` port requires of the stored run (ports.py, DESIGN.md section
+    5; the equalities DynamoStore writes as its ``:c_`` conditions): an applied write must have found them on
+    the row it replaced. Methods not named here (reads, ``record_event``, later additions) require nothing."""
+    try:
+        bound = inspect.signature(method).bind(*args, **kwargs)
+    except TypeError:
+        return _no_conditions  # the call itself raised TypeError
+    bound.apply_defaults()
+    a = bound.arguments
+    equal: dict[str, Any] = {}
+    other: list[tuple[str, Callable[[Mapping[str, Any]], bool]]] = []
+    if name == "heartbeat":
+        equal = {"state": _RUNNING, "fencing_token": a["fencing_token"]}
+    elif name == "end_attempt":
+        end = a["end"]
+        equal = {"state": _RUNNING, "fencing_token": end.expected_token}
+        if end.lease_expired_by is not None:
+            by = to_iso(end.lease_expired_by)
+            other.append((f"lease_expires_at <= {by}", lambda p: str(p.get("lease_expires_at", "~")) <= by))
+    elif name == "start":
+        attempt = a["attempt"]
+        equal = {"held": None}
+        other.append(
+            (
+                f"PENDING at attempt {attempt} or RETRY_WAIT at {attempt - 1}",
+                lambda p: (
+                    (p.get("state"), p.get("attempt")) in ((_PENDING, attempt), (_RETRY_WAIT, attempt - 1))
+                ),
+            )
+        )
+    elif name == "skip_pending":
+        equal = {"state": _PENDING, "attempt": a["attempt"]}
+    elif name == "hold":
+        equal = {"state": _PENDING, "attempt": 1, "held": None}
+    elif name == "release_held":
+        run = a["run"]
+        equal = {"state": _PENDING, "attempt": run.attempt, "held": run.held}
+    elif name == "defer_pending":
+        equal = {"state": _PENDING, "attempt": a["attempt"], "held": a["held"]}
+        if a["seen_watch_at"] is not None:
+            equal["watch_at"] = a["seen_watch_at"]
+    elif name == "release_retry":
+        equal = {"state": _RETRY_WAIT, "attempt": a["attempt"]}
+    elif name == "cancel":
+        run = a["run"]
+        equal = {"state": run.state.value, "fencing_token": run.fencing_token}
+    elif name == "redrive":
+        run = a["run"]
+        equal = {"state": run.state.value, "attempt": run.attempt}
+    if not equal and not other:
+        return _no_conditions
+
+    def check(before: Mapping[str, Any]) -> list[str]:
+        out = []
+        for attr, expected in equal.items():
+            value = _plain(expected)
+            if before.get(attr) != value:
+                out.append(f"{name} conditioned on {attr}={value} applied over {before.get(attr)}")
+        out.extend(
+            f"{name} conditioned on {what} applied over {dict(before)}"
+            for what, ok in other
+            if not ok(before)
+        )
+        return out
+
+    return check
+
+
+Backend = AwsBackend | SqliteBackend
+BACKENDS: dict[str, type[AwsBackend] | type[SqliteBackend]] = {"sqlite": SqliteBackend, "aws": AwsBackend}
+
+
 # ---- the simulation --------------------------------------------------------------------------------------
 class Simulation:
     """One seed: draw a world, run it with faults, quiesce without faults, check the invariants.
@@ -548,12 +959,15 @@ class Simulation:
         fault_seconds: simulated seconds during which faults are injected.
         max_seconds: simulated deadline by which everything must be at rest (else a violation).
         rates: fault probabilities.
+        backend: the adapter set, ``sqlite`` (a fresh database file) or ``aws`` (moto in-process: inside
+            :func:`moto_world`); the world, the interleaving, the faults and the invariants are the same.
     """
 
     def __init__(
         self,
         seed: int,
         *,
+        backend: str = "sqlite",
         fault_seconds: float = 30.0,
         max_seconds: float = 1800.0,
         rates: FaultRates | None = None,
@@ -587,27 +1001,30 @@ class Simulation:
         self.redrives: Counter[tuple[str, str]] = Counter()
         self.born_as: dict[tuple[str, str], str] = {}  # trigger at insert (a re-drive changes it)
         self.effects: list[tuple[str, str, int, int, str]] = []  # (job_id, due_at iso, attempt, token, owner)
+        self.backend: Backend = BACKENDS[backend](self)
         self.queue = SimQueue(self)
-        self.jobs_table = f"sim{seed}-jobs"
-        self.runs_table = f"sim{seed}-runs"
+        self.settings = Settings(
+            jobs_table=f"sim{seed}-jobs",
+            runs_table=f"sim{seed}-runs",
+            logs_bucket="sim-logs",
+            queue_urls={tier: f"sim://{tier}" for tier in ALL_TIERS},
+            shard_count=self.cfg.shards,
+            tick_period_seconds=self.cfg.tick_period,
+            tick_margin_seconds=self.cfg.tick_margin,
+            # a tick's claims in one thread: the scheduler interleaves only its own actors' threads;
+            # concurrent claims of one shard are the ticks and the lease-less rogue tick racing
+            claim_concurrency=1,
+            lease_seconds=self.cfg.lease,
+            heartbeat_seconds=self.cfg.heartbeat,
+            pending_grace_seconds=self.cfg.grace,
+            kill_grace_seconds=0,
+        )
+        self.deps: Deps  # made by run(), with the store the backend opens
+
+    def _open(self) -> None:
         self.deps = Deps(
-            settings=Settings(
-                jobs_table=self.jobs_table,
-                runs_table=self.runs_table,
-                logs_bucket="sim-logs",
-                queue_urls={tier: f"sim://{tier}" for tier in ALL_TIERS},
-                shard_count=self.cfg.shards,
-                tick_period_seconds=self.cfg.tick_period,
-                tick_margin_seconds=self.cfg.tick_margin,
-                # a tick's claims in one thread: the scheduler interleaves only its own actors' threads;
-                # concurrent claims of one shard are the ticks and the lease-less rogue tick racing
-                claim_concurrency=1,
-                lease_seconds=self.cfg.lease,
-                heartbeat_seconds=self.cfg.heartbeat,
-                pending_grace_seconds=self.cfg.grace,
-                kill_grace_seconds=0,
-            ),
-            store=DynamoStore(self.jobs_table, self.runs_table),
+            settings=self.settings,
+            store=self.backend.open(),
             queues=self.queue,  # type: ignore[arg-type]
             logs=SimLogs(self),  # type: ignore[arg-type]
             clock=self.clock,
@@ -688,9 +1105,7 @@ class Simulation:
         if r < self.rates.throttle:
             self.fault("throttle", f"{service}.{operation}")
             if raising:
-                raise ClientError(
-                    {"Error": {"Code": "ThrottlingException", "Message": "simulated"}}, operation
-                )
+                raise self.backend.throttle_error(service, operation)
             return "throttle"
         r -= self.rates.throttle
         if r < self.rates.slow_call:
@@ -710,9 +1125,9 @@ class Simulation:
             op.crashed = True
             raise SimulatedCrash(f"after {operation}")
         r -= self.rates.crash_after
-        if ok and (write or service == "sqs") and r < self.rates.ambiguous:
+        if ok and write and r < self.rates.ambiguous:
             self.fault("ambiguous_error", f"{service}.{operation}")
-            raise ClientError({"Error": {"Code": "InternalServerError", "Message": "simulated"}}, operation)
+            raise self.backend.ambiguous_error(service, operation)
 
     # ---- actors ---------------------------------------------------------------------------------------
     def _spawn(
@@ -724,9 +1139,10 @@ class Simulation:
         )
 
     def _expected(self, exc: Exception, what: str) -> None:
-        """An exception reached an actor's top level: only injected AWS errors may do that."""
-        if isinstance(exc, ClientError):
-            self.note(f"{what} failed: {exc.response['Error']['Code']}")
+        """An exception reached an actor's top level: only injected errors may do that."""
+        if isinstance(exc, self.backend.injected):
+            code = exc.response["Error"]["Code"] if isinstance(exc, ClientError) else type(exc).__name__
+            self.note(f"{what} failed: {code}")
             return
         self.violation(f"{what}: unexpected {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
 
@@ -797,8 +1213,8 @@ class Simulation:
         def submit() -> None:
             try:
                 job = jobs.create_job(plan.request, tenant="t1", deps=self.deps)
-            except ClientError as exc:
-                self._expected(exc, "submit")  # the API answered 5xx: not accepted
+            except self.backend.injected as exc:
+                self._expected(exc, "submit")  # type: ignore[arg-type] # the API answered 5xx: not accepted
                 return
             except (ScheduleError, RequestFieldError) as exc:
                 # a 400: a slow call made the client late (its at(...) is past), or the job its timeout
@@ -873,44 +1289,60 @@ class Simulation:
         self._spawn(self.rng.uniform(0, 1), name, factory(0), restart)
 
     # ---- shadow of the runs table and per-write invariants ----------------------------------------------
-    def observe_write(self, operation: str, params: dict[str, Any], parsed: dict[str, Any]) -> None:
-        if params.get("TableName") != self.runs_table:
-            return
-        if operation == "PutItem":
-            image = deserialize(params["Item"])
+    def observe_run(
+        self,
+        kind: str,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        conditions: Callable[[Mapping[str, Any]], list[str]],
+        *,
+        key: tuple[Any, Any] | None = None,
+    ) -> None:
+        """One applied write of a run (``kind``: insert, update or delete), from either backend.
+
+        ``after`` is the row the write left; ``before`` the row it replaced where the backend knows it (the
+        sqlite triggers do; DynamoDB returns only the new image, so the shadow stands in for it), and
+        ``conditions`` lists what the write required of ``before`` that it did not find.
+        """
+        image = after if after is not None else before
+        if image is not None:
             key = (image["job_id"], image["due_at"])
+        assert key is not None
+        if kind == "insert":
+            assert after is not None
             if key in self.rows:
                 self.violation(f"run {key} inserted twice")
-            self.rows[key] = image
-            self.born_as[key] = image.get("trigger", "")
-            self._check_image(key, image)
+            self.rows[key] = after
+            self.born_as[key] = after.get("trigger", "")
+            self._check_image(key, after)
             self.stats["runs_created"] += 1
             return
-        if operation == "UpdateItem":
-            if "Attributes" in parsed:
-                image = deserialize(parsed["Attributes"])
-            else:  # read what the write left (nothing else runs meanwhile)
-                out = _SIDE.get_item(TableName=self.runs_table, Key=params["Key"], ConsistentRead=True)
-                image = deserialize(out["Item"])
-            key = (image["job_id"], image["due_at"])
+        if kind == "update":
+            assert after is not None
             prev = self.rows.get(key)
             if prev is None:
                 self.violation(f"update of a run never inserted: {key}")
             else:
-                self._check_write(key, prev, image, params)
-            self.rows[key] = image
-            self._check_image(key, image)
+                if before is not None and before != prev:
+                    changed = sorted(_changed(prev, before))
+                    self.violation(f"{key}: a write the harness never saw changed {changed}")
+                for failed in conditions(before if before is not None else prev):
+                    self.violation(f"{key}: {failed}")
+                self._check_write(key, prev, after)
+            self.rows[key] = after
+            self._check_image(key, after)
             return
-        self.violation(f"unexpected {operation} on runs")
+        self.violation(f"unexpected {kind} of run {key}")
+        self.rows.pop(key, None)
 
     def _check_image(self, key: tuple[str, str], image: dict[str, Any]) -> None:
         if image["state"] not in TERMINAL and (WATCH_INDEX_SK not in image or WATCH_INDEX_PK not in image):
             self.violation(f"non-terminal run {key} ({image['state']}) has no watchdog entry")
 
-    def _check_write(
-        self, key: tuple[str, str], p: dict[str, Any], n: dict[str, Any], params: dict[str, Any]
-    ) -> None:
-        """Invariants on one accepted write of a run (``p`` before, ``n`` after)."""
+    def _check_write(self, key: tuple[str, str], p: dict[str, Any], n: dict[str, Any]) -> None:
+        """Invariants on one accepted write of a run (``p`` before, ``n`` after); the equalities it was
+        conditioned on are checked by :meth:`observe_run` (no stale-token heartbeat, finish or expiry
+        applied)."""
         ps, ns = p["state"], n["state"]
         pt, nt = int(p.get("fencing_token", 0)), int(n.get("fencing_token", 0))
         op = self._my_op()
@@ -925,16 +1357,6 @@ class Simulation:
             and pt != op.lease[1]
         ):
             self.violation(f"{key}: {op.name} wrote {ps} -> {ns} under stale token {op.lease[1]} (now {pt})")
-        # every equality the write was conditioned on held on the state it replaced: in particular no
-        # heartbeat, finish or lease expiry under a stale fencing token was applied
-        for placeholder, value in (params.get("ExpressionAttributeValues") or {}).items():
-            if placeholder.startswith(":c_"):
-                attr = placeholder[3:]
-                expected = deserialize({"v": value})["v"]
-                if p.get(attr) != expected:
-                    self.violation(
-                        f"{key}: write conditioned on {attr}={expected} applied over {p.get(attr)}"
-                    )
         if nt < pt:
             self.violation(f"{key}: fencing token went back {pt} -> {nt}")
         # a re-drive: a run that failed for good (dead-lettered, or TIMED_OUT by on_timeout fail/trigger)
@@ -999,9 +1421,6 @@ class Simulation:
 
     # ---- the scheduler --------------------------------------------------------------------------------
     def _setup(self) -> None:
-        ddb = _SIDE
-        ddb.create_table(**jobs_table_definition(self.jobs_table))
-        ddb.create_table(**runs_table_definition(self.runs_table))
         for plan in sorted(self.plans.values(), key=lambda p: p.submit_at):
             self._spawn(plan.submit_at, f"submit:{plan.request.job_id}", self._submit_actor(plan), None)
         for shard in range(self.cfg.shards):
@@ -1021,9 +1440,6 @@ class Simulation:
             if op.state != "done":
                 op.killed = True
                 self._resume(op)
-        ddb = _SIDE
-        for table in (self.jobs_table, self.runs_table):
-            ddb.delete_table(TableName=table)
 
     def _start_due_spawns(self) -> bool:
         now = self.clock.now()
@@ -1055,8 +1471,7 @@ class Simulation:
             return False
         if any(row["state"] not in TERMINAL for row in self.rows.values()):
             return False
-        items = _SIDE.scan(TableName=self.jobs_table, ConsistentRead=True)["Items"]
-        return all("next_fire_at" not in item for item in items if "tenant" in item)
+        return self.backend.jobs_at_rest()
 
     def _run_until(self, until: datetime, *, stop_when_quiet: bool) -> bool:
         last_quiet_check = self.clock.now() - timedelta(seconds=60)
@@ -1096,15 +1511,15 @@ class Simulation:
         global _ACTIVE
         started = time.perf_counter()
         random.seed(self.seed)  # the core's retry jitter draws from the global generator
-        install_hooks()
         std_logger = duetime_logger._logger  # noqa: SLF001 - silence and watch the core's logger
         saved = (std_logger.handlers[:], std_logger.level, std_logger.propagate)
         catcher = _ErrorCatcher(self)
         std_logger.handlers[:] = [catcher]
         std_logger.setLevel(logging.ERROR)
         std_logger.propagate = False
-        _ACTIVE = self
+        _ACTIVE = self if isinstance(self.backend, AwsBackend) else None  # the botocore hooks' simulation
         try:
+            self._open()
             self._setup()
             self._run_until(T0 + timedelta(seconds=self.fault_seconds), stop_when_quiet=False)
             self.faults_on = False
@@ -1117,6 +1532,7 @@ class Simulation:
             try:
                 self._teardown()
             finally:
+                self.backend.close()
                 _ACTIVE = None
                 std_logger.handlers[:], level, std_logger.propagate = saved
                 std_logger.setLevel(level)
@@ -1124,6 +1540,7 @@ class Simulation:
         digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
         return SeedResult(
             seed=self.seed,
+            backend=self.backend.name,
             violations=self.violations,
             faults=self.faults,
             stats=self.stats,
@@ -1135,14 +1552,8 @@ class Simulation:
 
     # ---- end-of-seed invariants ---------------------------------------------------------------------------
     def _final_checks(self) -> None:
-        ddb = _SIDE
-        run_items = [
-            deserialize(i) for i in ddb.scan(TableName=self.runs_table, ConsistentRead=True)["Items"]
-        ]
-        job_items = [
-            deserialize(i) for i in ddb.scan(TableName=self.jobs_table, ConsistentRead=True)["Items"]
-        ]
-        stored_jobs = {i["job_id"]: job_from_item(i) for i in job_items if "tenant" in i}
+        run_items = self.backend.run_images()
+        stored_jobs = self.backend.stored_jobs()
         runs_by_key = {(i["job_id"], i["due_at"]): i for i in run_items}
         effects_by_key: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
         for job_id, due, attempt, token, _owner in self.effects:
@@ -1155,7 +1566,7 @@ class Simulation:
             self.violation(f"shadow lost track of runs: {sorted(set(runs_by_key) ^ set(self.rows))}")
 
         for key, item in runs_by_key.items():
-            run = run_from_item(item)
+            run = self.backend.run_of(item)
             shadow = self.rows.get(key, {})
             if (shadow.get("state"), shadow.get("fencing_token")) != (
                 item["state"],
@@ -1253,7 +1664,7 @@ def _changed(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
 
 class _ErrorCatcher(logging.Handler):
     """The core logs and swallows some exceptions (a tick isolates one job's fault): any that is not an
-    injected AWS error is a bug."""
+    injected error is a bug."""
 
     def __init__(self, sim: Simulation) -> None:
         super().__init__(level=logging.ERROR)
@@ -1263,7 +1674,7 @@ class _ErrorCatcher(logging.Handler):
         if (
             record.exc_info
             and record.exc_info[1] is not None
-            and not isinstance(record.exc_info[1], ClientError)
+            and not isinstance(record.exc_info[1], self.sim.backend.injected)
         ):
             exc = record.exc_info[1]
             detail = "".join(traceback.format_exception(exc))
@@ -1326,8 +1737,6 @@ def _cheaper_moto() -> Iterator[None]:
     ``json.dumps`` yields the same body: set ``DUETIME_SIM_CHECK_MOTO=1`` to compare both on every call. And
     moto lists a response class's methods with ``inspect`` on every request: cached here.
     """
-    import json
-
     import moto.core.responses as moto_responses
     from moto.dynamodb.models.dynamo_type import DynamoType
 
@@ -1370,8 +1779,31 @@ def _cheaper_moto() -> Iterator[None]:
         moto_responses.method_names_from_class = original_names
 
 
+def world(backend: str) -> AbstractContextManager[None]:
+    """What a batch of ``backend`` seeds runs inside: one moto world for ``aws``; for ``sqlite`` little (each
+    seed makes, and deletes, its own database file)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: one of {', '.join(BACKENDS)}")
+    return moto_world() if backend == "aws" else sqlite_world()
+
+
+@contextmanager
+def sqlite_world() -> Iterator[None]:
+    """The sqlite backend's batch: only the core's dead-letter metric silenced (it would print EMF)."""
+    saved = os.environ.get("POWERTOOLS_METRICS_DISABLED")
+    os.environ["POWERTOOLS_METRICS_DISABLED"] = "true"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("POWERTOOLS_METRICS_DISABLED", None)
+        else:
+            os.environ["POWERTOOLS_METRICS_DISABLED"] = saved
+
+
 @dataclass
 class BatchResult:
+    backend: str = "sqlite"
     seeds: int = 0
     failed: list[SeedResult] = field(default_factory=list)
     faults: Counter[str] = field(default_factory=Counter)
@@ -1384,18 +1816,20 @@ class BatchResult:
         keys = ("runs", "starts", "effects", "runs_with_repeated_effects", "slots_missed", "actor_crashes")
         stats = ", ".join(f"{k}={self.stats[k]}" for k in keys)
         return (
-            f"{self.seeds} seeds, {len(self.failed)} failing, {rate:.1f} seeds/s; "
+            f"{self.backend}: {self.seeds} seeds, {len(self.failed)} failing, {rate:.1f} seeds/s; "
             f"faults injected: {sum(self.faults.values())} ({faults}); {stats}"
         )
 
 
-def run_seeds(seeds: Iterator[int] | range | list[int], **kwargs: Any) -> BatchResult:
-    """Run each seed in its own tables (one moto world for the batch) and aggregate."""
-    batch = BatchResult()
+def run_seeds(
+    seeds: Iterator[int] | range | list[int], *, backend: str = "sqlite", **kwargs: Any
+) -> BatchResult:
+    """Run each seed in its own world (fresh tables, or a fresh database file) and aggregate."""
+    batch = BatchResult(backend=backend)
     started = time.perf_counter()
-    with moto_world():
+    with world(backend):
         for seed in seeds:
-            result = Simulation(seed, **kwargs).run()
+            result = Simulation(seed, backend=backend, **kwargs).run()
             batch.seeds += 1
             batch.faults.update(result.faults)
             batch.stats.update(result.stats)
@@ -1410,30 +1844,34 @@ def explain(result: SeedResult, *, tail: int = 150) -> str:
     head = "\n".join(f"  - {v}" for v in result.violations[:20])
     trace = "\n".join(result.trace[-tail:])
     return (
-        f"seed {result.seed} violated {len(result.violations)} invariant(s):\n{head}\n"
-        f"replay: .venv/bin/python -m tests.sim.simulation --seed {result.seed} --trace\n"
-        f"last {tail} steps:\n{trace}"
+        f"seed {result.seed} ({result.backend}) violated {len(result.violations)} invariant(s):\n{head}\n"
+        f"replay: .venv/bin/python -m tests.sim.simulation --backend {result.backend} --seed {result.seed}"
+        f" --trace\nlast {tail} steps:\n{trace}"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Duetime's deterministic simulation")
+    parser.add_argument(
+        "--backend", choices=sorted(BACKENDS), default="sqlite", help="the adapter set (default sqlite)"
+    )
     parser.add_argument("--seed", type=int, help="replay one seed")
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds (from --base)")
     parser.add_argument("--base", type=int, default=0)
     parser.add_argument("--trace", action="store_true", help="print every step of --seed")
     args = parser.parse_args(argv)
     if args.seed is not None:
-        with moto_world():
-            result = Simulation(args.seed, echo=sys.stdout if args.trace else None).run()
+        with world(args.backend):
+            echo = sys.stdout if args.trace else None
+            result = Simulation(args.seed, backend=args.backend, echo=echo).run()
         print(
-            f"seed {args.seed}: digest {result.trace_digest}, {len(result.trace)} steps, "
+            f"seed {args.seed} ({args.backend}): digest {result.trace_digest}, {len(result.trace)} steps, "
             f"{result.sim_seconds:.1f} simulated s in {result.wall_seconds:.2f} s; faults {dict(result.faults)}"
         )
         for v in result.violations:
             print("VIOLATION", v)
         return 1 if result.violations else 0
-    batch = run_seeds(range(args.base, args.base + args.seeds))
+    batch = run_seeds(range(args.base, args.base + args.seeds), backend=args.backend)
     print(batch.summary())
     for failed in batch.failed:
         print(explain(failed, tail=40))

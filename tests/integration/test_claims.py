@@ -215,3 +215,127 @@ def test_a_tick_on_sqlite_claims_a_burst_in_batches_of_one_transaction_per_step(
     assert commits <= 3 * 4 + 2
     # And a second tick finds nothing due
     assert claims.tick(0, deps).claimed == 0
+
+
+def _sqlite_burst(tmp_path, count: int = 12):  # type: ignore[no-untyped-def]
+    """Embedded deps with ``count`` one-off jobs of tenant t1 due within the next tick's lookahead."""
+    from duetime.config.deps import sqlite_deps
+    from duetime.config.settings import Settings
+    from duetime.domain.clock import FixedClock
+
+    clock = FixedClock(T0)
+    settings = Settings(
+        state_dir=str(tmp_path),
+        shard_count=1,
+        claim_concurrency=1,
+        claim_batch_size=250,
+        tick_period_seconds=10,
+        tick_margin_seconds=5,
+    )
+    deps = sqlite_deps(settings, clock)
+    due = T0 + timedelta(seconds=30)
+    for i in range(count):
+        request = CreateJobRequest(
+            job_id=f"f-{i:02d}",
+            name=f"f {i}",
+            schedule=ScheduleSpec(expression=f"at({due:%Y-%m-%dT%H:%M:%S})"),
+            task=ContainerTask(command=["true"]),
+        )
+        jobs.create_job(request, tenant="t1", deps=deps)
+    clock.advance(20)
+    return deps
+
+
+def _fail_once(monkeypatch, obj, name: str) -> list[int]:  # type: ignore[no-untyped-def]
+    """``obj.name`` raises a throttling error on its first call only; returns the call counter."""
+    from duetime.domain.errors import ThrottledError
+
+    real = getattr(obj, name)
+    calls = [0]
+
+    def flaky(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] == 1:
+            raise ThrottledError("simulated: the write lock stayed taken")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, flaky)
+    return calls
+
+
+def test_a_batch_send_that_fails_is_sent_message_by_message(tmp_path, monkeypatch) -> None:
+    # Given a burst whose batch send is refused once (the jobs are already advanced by then)
+    deps = _sqlite_burst(tmp_path)
+    calls = _fail_once(monkeypatch, deps.queues, "send_batch")
+    # When the shard ticks
+    result = claims.tick(0, deps)
+    # Then every run still gets its message (one by one: the embedded queue's send is a batch of one),
+    # nothing is counted as an error
+    assert calls[0] == 1 + 12
+    assert (result.claimed, result.errors) == (12, 0)
+    assert deps.queues.counts("small")["delayed"] == 12  # type: ignore[attr-defined]
+    assert deps.store.active_jobs("t1") == 0  # type: ignore[attr-defined]
+
+
+def test_a_tenant_counter_that_fails_once_is_updated_job_by_job_and_the_messages_still_go(
+    tmp_path, monkeypatch
+) -> None:
+    deps = _sqlite_burst(tmp_path)
+    _fail_once(monkeypatch, deps.store, "add_active_jobs")
+    result = claims.tick(0, deps)
+    assert (result.claimed, result.errors) == (12, 0)
+    assert deps.queues.counts("small")["delayed"] == 12  # type: ignore[attr-defined]
+    assert deps.store.active_jobs("t1") == 0  # type: ignore[attr-defined]
+
+
+def test_a_batch_whose_runs_cannot_be_written_is_claimed_again_job_by_job(tmp_path, monkeypatch) -> None:
+    # Given the runs' write (one transaction) refused once: nothing of the batch was applied
+    deps = _sqlite_burst(tmp_path)
+    _fail_once(monkeypatch, deps.store, "put_new_runs")
+    result = claims.tick(0, deps)
+    # Then the jobs are claimed one by one instead, each once
+    assert (result.claimed, result.errors) == (12, 0)
+    assert deps.queues.counts("small")["delayed"] == 12  # type: ignore[attr-defined]
+    assert all(len(deps.store.list_runs(f"f-{i:02d}")) == 1 for i in range(12))
+
+
+def test_on_dynamodb_a_write_that_fails_part_way_stops_only_its_own_job(
+    deps: Deps, clock, monkeypatch
+) -> None:
+    # Given 10 jobs due on one shard, and one job's advance (an UpdateItem of the jobs table) throttled
+    from botocore.exceptions import ClientError
+
+    from duetime.adapters.aws import clients as aws
+
+    made = [_rate_job(deps, job_id=f"part-{i:02d}") for i in range(30)]
+    shard = made[0].shard
+    mine = [j for j in made if j.shard == shard]
+    victim = mine[len(mine) // 2].job_id
+    clock.advance(270)
+    ddb = aws.client("dynamodb")
+    real = ddb.update_item
+
+    def update_item(**kwargs):  # type: ignore[no-untyped-def]
+        if kwargs.get("TableName") == deps.settings.jobs_table and victim in str(kwargs.get("Key")):
+            raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException"}}, "UpdateItem")
+        return real(**kwargs)
+
+    monkeypatch.setattr(ddb, "update_item", update_item)
+    # When the shard ticks
+    result = claims.tick(shard, deps)
+    # Then every other job is claimed, advanced and sent; the victim has its run but is counted an error,
+    assert (result.claimed, result.errors) == (len(mine), 1)
+    for job in mine:
+        stored = deps.store.get_job(job.job_id)
+        assert stored is not None
+        moved = stored.next_fire_at == T0 + timedelta(minutes=10)
+        assert moved is (job.job_id != victim), job.job_id
+    # and its message went anyway (it may have been advanced: a duplicate wake-up is harmless)
+    assert queue_counts(deps.settings.queue_url("small"))["delayed"] == len(mine)
+    # And the next tick, the fault gone, advances it without a second run
+    monkeypatch.setattr(ddb, "update_item", real)
+    again = claims.tick(shard, deps)
+    assert (again.claimed, again.already_claimed, again.errors) == (0, 1, 0)
+    stored = deps.store.get_job(victim)
+    assert stored is not None and stored.next_fire_at == T0 + timedelta(minutes=10)
+    assert len(deps.store.list_runs(victim)) == 1

@@ -88,7 +88,15 @@ def sqlite_deps(settings: Settings, clock: Clock | None = None) -> Deps:
         logs=FileLogs(root / LOGS_DIR),
         clock=clock,
         idempotency=lambda: _sqlite_idempotency(path),
+        # the file's write lock held past the busy timeout: transient, retried (logged without a traceback)
+        unreachable=_busy,
     )
+
+
+def _busy(exc: BaseException) -> bool:
+    from duetime.domain.errors import ThrottledError
+
+    return isinstance(exc, ThrottledError)
 
 
 @lru_cache(maxsize=8)

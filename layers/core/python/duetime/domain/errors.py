@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 class DuetimeError(Exception):
     """Base class of every error Duetime raises on purpose."""
@@ -108,4 +111,23 @@ class LogStoreError(DuetimeError):
 
 
 class QueueSendError(DuetimeError):
-    """Some messages of a batch send were not sent (the message says how many and why); the rest were."""
+    """Some messages of a batch send were not sent (the message says how many and why); the rest were.
+
+    ``unsent`` holds the entries not sent (as given: ``(message, delay seconds)`` pairs), for the caller
+    to send again one by one or leave to the sweeper."""
+
+    def __init__(self, message: str, unsent: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.unsent = list(unsent)
+
+
+class PartialBatchError(DuetimeError):
+    """A batch of conditional writes (``put_new_runs``, ``advance_many`` on DynamoDB: one request per item)
+    failed part way. ``results`` holds each item's outcome in order, as the method returns them (True
+    applied, False its condition failed), and None for each item whose write raised (whether it was applied
+    is unknown); ``error`` is the first of those errors. Every other item was tried."""
+
+    def __init__(self, results: Sequence[bool | None], error: BaseException) -> None:
+        super().__init__(f"{sum(r is None for r in results)} of {len(results)} writes failed: {error!r}")
+        self.results = list(results)
+        self.error = error

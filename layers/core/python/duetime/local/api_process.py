@@ -23,10 +23,13 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from types import FrameType
+from typing import Any
 
 from duetime.local import lifeline
 
@@ -34,6 +37,8 @@ from duetime.local import lifeline
 TENANTS_ENV = "DUETIME_LOCAL_TENANTS"
 #: API processes a stack starts unless told otherwise (``--api-processes``): one per core, at most 2
 DEFAULT_API_PROCESSES = max(1, min(2, os.cpu_count() or 1))
+#: how long a stopping API process waits for the requests it is serving, seconds
+DRAIN_SECONDS = 10.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,8 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     from duetime.local.lambda_runtime import handler
 
     tenants = json.loads(os.environ.get(TENANTS_ENV) or "{}")
-    app = HttpApiAdapter(handler("api"), tenants=tenants or None)
+    app = InFlight(HttpApiAdapter(handler("api"), tenants=tenants or None))
     server = make_api_server("127.0.0.1", 0, app, fd=args.fd)
+    accept = server.get_request
+
+    def get_request() -> tuple[socket.socket, Any]:
+        conn, address = accept()
+        conn.setblocking(True)  # not inherited from the listening socket everywhere (BSD, macOS)
+        return conn, address
+
+    server.get_request = get_request  # type: ignore[method-assign]
     logging.getLogger("werkzeug").setLevel(logging.INFO if args.verbose else logging.WARNING)
     serving = threading.Thread(target=server.serve_forever, name="api", daemon=True)
     serving.start()
@@ -68,7 +81,33 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.2)
     server.shutdown()  # the socket is non-blocking: a connection another process took never blocks us
     serving.join(timeout=5)
+    app.drain(DRAIN_SECONDS)  # the requests being served finish (their writes are not cut half way)
     return 0
+
+
+class InFlight:
+    """A WSGI app counting the requests it is serving, so a stopping process can wait for them."""
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self.app = app
+        self.serving = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        with self._lock:
+            self.serving += 1
+        try:
+            return list(self.app(environ, start_response))
+        finally:
+            with self._lock:
+                self.serving -= 1
+
+    def drain(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` until no request is being served; whether none is."""
+        deadline = time.monotonic() + seconds
+        while self.serving and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self.serving
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ its own, so a batch is only fewer commits and requests, never a wider claim.
 from __future__ import annotations
 
 import uuid
-from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -20,6 +20,7 @@ from itertools import islice
 
 from duetime.config.observability import logger
 from duetime.domain.admission import is_missed, next_fire_after, schedule_of, select_slots
+from duetime.domain.errors import PartialBatchError, QueueSendError
 from duetime.domain.lifecycle import build_run, delay_seconds, message_for
 from duetime.domain.models import Job, Run, RunMessage, Trigger
 from duetime.domain.ports import JobAdvance
@@ -35,7 +36,9 @@ class ClaimResult:
     """What one claim did.
 
     ``runs`` are the runs claimed (usually one; several when catch-up ``all`` backfills); ``created`` counts
-    those this claim inserted (0 when an earlier claim already had); ``missed`` the slots skipped.
+    those this claim inserted (0 when an earlier claim already had); ``missed`` the slots skipped; ``error``
+    the first fault of this job's claim, if any (the steps done stay done: the next tick, or the sweeper for
+    a message not sent, finishes the rest).
     """
 
     runs: list[Run]
@@ -43,6 +46,7 @@ class ClaimResult:
     advanced: bool
     next_fire_at: datetime | None
     missed: int = 0
+    error: Exception | None = None
 
     @property
     def run(self) -> Run | None:
@@ -115,7 +119,37 @@ def claim(job: Job, deps: Deps, *, trigger: Trigger = Trigger.SCHEDULE) -> Claim
         the store's and queue's faults other than the expected condition failures (the next tick retries;
             each step is idempotent).
     """
-    return claim_batch([job], deps, trigger=trigger)[0]
+    [result] = claim_batch([job], deps, trigger=trigger)
+    if result.error is not None:
+        raise result.error
+    return result
+
+
+@dataclass
+class _Planned:
+    """One job of a batch: its runs, the advance of its next fire, and how its steps went."""
+
+    job: Job
+    runs: list[Run]
+    missed: int
+    advance: JobAdvance
+    inserted: list[bool | None] = field(default_factory=list)
+    advanced: bool | None = False
+    error: Exception | None = None
+    #: a write of its runs failed: it stops before its advance (the next tick finds its runs, advances it)
+    held_back: bool = False
+
+    def fail(self, error: Exception) -> None:
+        self.error = self.error or error
+
+
+def _outcomes(step: Callable[[], list[bool]]) -> tuple[list[bool | None], Exception | None]:
+    """A batch step's per-item outcomes, also when it failed part way (None: that item's write raised)."""
+    try:
+        return list(step()), None
+    except PartialBatchError as exc:
+        error = exc.error if isinstance(exc.error, Exception) else exc
+        return exc.results, error
 
 
 def claim_batch(jobs: Sequence[Job], deps: Deps, *, trigger: Trigger = Trigger.SCHEDULE) -> list[ClaimResult]:
@@ -127,22 +161,27 @@ def claim_batch(jobs: Sequence[Job], deps: Deps, *, trigger: Trigger = Trigger.S
     the slots (:func:`plan_slots`); catch-up runs other than the latest are recorded with trigger
     ``backfill``, and the latest with how many slots were skipped (``missed_slots``).
 
-    Steps, each idempotent and conditional per item: (1) ``put_new_runs`` of every run; (2) ``advance_many``:
-    each job's ``next_fire_at`` moved from the claimed value to the first slot after the last one handled
-    (removed, with the job COMPLETED, when there is none); (3) ``send_batch`` per tier of each run with
+    Steps, each idempotent and conditional per item: (1) ``put_new_runs`` of every run; (2) ``advance_many``
+    of the jobs whose runs were written: each job's ``next_fire_at`` moved from the claimed value to the
+    first slot after the last one handled (removed, with the job COMPLETED, when there is none); then the
+    tenants' active-jobs counters for the jobs that COMPLETED; (3) ``send_batch`` per tier of each run with
     ``DelaySeconds = ceil(due - now)``, for runs this claim inserted or whose job it advanced (re-sent for
     runs an earlier, crashed claim inserted; duplicates fail the conditional start).
+
+    A fault once a job is advanced never escapes: its messages are sent again one by one, and what still
+    fails is the job's ``error`` (the sweeper re-sends a PENDING run's message past its grace period). A
+    write that failed part way (DynamoDB: one request per item) stops only the jobs whose items failed.
 
     Returns:
         one :class:`ClaimResult` per job, in order.
 
     Raises:
         ValueError: if a job has no ``next_fire_at``.
-        the store's and queue's faults other than the expected condition failures: the steps done so far
-            stay done (the next tick or the sweeper finishes the rest; each step is idempotent).
+        the store's faults of a step that applied nothing (the embedded store's steps are one transaction
+            each): the steps done so far stay done, and claiming again repairs the rest.
     """
     now = deps.clock.now()
-    planned: list[tuple[Job, list[Run], int, JobAdvance]] = []
+    batch: list[_Planned] = []
     for job in jobs:
         if job.next_fire_at is None:
             raise ValueError(f"job {job.job_id} has no next_fire_at to claim")
@@ -163,45 +202,96 @@ def claim_batch(jobs: Sequence[Job], deps: Deps, *, trigger: Trigger = Trigger.S
             for i, due_at in enumerate(slots)
         ]
         last_handled = slots[-1] if slots else max(claimed, now)
-        planned.append(
-            (job, runs, missed, JobAdvance(job.job_id, claimed, next_fire_after(job, last_handled), missed))
-        )
+        advance = JobAdvance(job.job_id, claimed, next_fire_after(job, last_handled), missed)
+        batch.append(_Planned(job, runs, missed, advance))
 
-    created = deps.store.put_new_runs([run for _, runs, _, _ in planned for run in runs])  # step 1
-    advanced = deps.store.advance_many([advance for *_, advance in planned], now=now)  # step 2
-    completed = Counter(
-        job.tenant
-        for (job, _, _, advance), ok in zip(planned, advanced, strict=True)
-        if ok and advance.next_fire_at is None and job.schedule is not None
-    )
-    for tenant, count in sorted(completed.items()):
-        # scheduled jobs that just COMPLETED no longer count against their tenant's active-jobs quota
-        deps.store.add_active_jobs(tenant, -count)
-
-    results: list[ClaimResult] = []
-    messages: dict[str, list[tuple[RunMessage, int]]] = defaultdict(list)
-    flags = iter(created)
-    for (job, runs, missed, advance), ok in zip(planned, advanced, strict=True):
-        inserted = [next(flags) for _ in runs]
-        for run, new in zip(runs, inserted, strict=True):
-            if new or ok:  # step 3
-                messages[job.task.tier].append((message_for(run), delay_seconds(run.due_at, now)))
-        if missed:
+    # step 1: the runs
+    written, error = _outcomes(lambda: deps.store.put_new_runs([run for p in batch for run in p.runs]))
+    flags = iter(written)
+    for p in batch:
+        p.inserted = [next(flags) for _ in p.runs]
+        if None in p.inserted and error is not None:
+            p.fail(error)
+            p.held_back = True
+    # step 2: the jobs whose runs are all written
+    ready = [p for p in batch if not p.held_back]
+    moved, error = _outcomes(lambda: deps.store.advance_many([p.advance for p in ready], now=now))
+    for p, ok in zip(ready, moved, strict=True):
+        p.advanced = ok
+        if ok is None and error is not None:
+            p.fail(error)  # maybe advanced: its messages are sent anyway (a duplicate is harmless)
+    _count_completed(batch, deps)
+    # step 3: the messages, delayed from the moment they are sent
+    _send(batch, deps)
+    for p in batch:
+        if p.missed:
             logger.info(
-                "missed slots skipped", extra={"job_id": job.job_id, "missed": missed, "claimed": len(runs)}
+                "missed slots skipped",
+                extra={"job_id": p.job.job_id, "missed": p.missed, "claimed": len(p.runs)},
             )
-        results.append(
-            ClaimResult(
-                runs=runs,
-                created=sum(inserted),
-                advanced=ok,
-                next_fire_at=advance.next_fire_at,
-                missed=missed,
-            )
+    return [
+        ClaimResult(
+            runs=p.runs,
+            created=sum(1 for new in p.inserted if new),
+            advanced=bool(p.advanced),
+            next_fire_at=p.advance.next_fire_at,
+            missed=p.missed,
+            error=p.error,
         )
-    for tier, batch in messages.items():
-        deps.queues.send_batch(tier, batch)
-    return results
+        for p in batch
+    ]
+
+
+def _count_completed(batch: list[_Planned], deps: Deps) -> None:
+    """Scheduled jobs this batch COMPLETED no longer count against their tenant's active-jobs quota: one
+    counter update per tenant, else one per job; one that still fails is that job's error (the counter stays
+    one high)."""
+    completed: dict[str, list[_Planned]] = defaultdict(list)
+    for p in batch:
+        if p.advanced is True and p.advance.next_fire_at is None and p.job.schedule is not None:
+            completed[p.job.tenant].append(p)
+    for tenant, done in sorted(completed.items()):
+        try:
+            deps.store.add_active_jobs(tenant, -len(done))
+            continue
+        except Exception:  # noqa: BLE001 - the jobs are advanced: their messages must still go
+            logger.warning("active-jobs counter not updated; one job at a time", exc_info=True)
+        for p in done:
+            try:
+                deps.store.add_active_jobs(tenant, -1)
+            except Exception as exc:  # noqa: BLE001 - the counter stays one high (the quota is approximate)
+                logger.exception("active-jobs counter not updated", extra={"tenant": tenant})
+                p.fail(exc)
+
+
+def _send(batch: list[_Planned], deps: Deps) -> None:
+    """Step 3: one ``send_batch`` per tier; what it could not send is sent one by one; what still fails is
+    the job's error (the sweeper re-sends it after the run's grace period)."""
+    now = deps.clock.now()
+    messages: dict[str, list[tuple[RunMessage, int]]] = defaultdict(list)
+    owner: dict[str, _Planned] = {}
+    for p in batch:
+        if p.held_back:
+            continue  # stopped before its advance: the next tick claims it again
+        for run, new in zip(p.runs, p.inserted, strict=True):
+            if new or p.advanced is not False:
+                messages[p.job.task.tier].append((message_for(run), delay_seconds(run.due_at, now)))
+                owner[run.run_id] = p
+    for tier, entries in messages.items():
+        try:
+            deps.queues.send_batch(tier, entries)
+            continue
+        except QueueSendError as exc:
+            unsent = exc.unsent
+        except Exception:  # noqa: BLE001 - the embedded queue sends all or nothing
+            unsent = entries
+        logger.warning("batch send failed; sending one by one", exc_info=True, extra={"tier": tier})
+        for message, delay in unsent:
+            try:
+                deps.queues.send(tier, message, delay=delay)
+            except Exception as exc:  # noqa: BLE001 - left to the sweeper
+                logger.exception("message not sent", extra={"run_id": message.run_id})
+                owner[message.run_id].fail(exc)
 
 
 @dataclass
@@ -227,8 +317,16 @@ def claim_until(
     job: Job, deps: Deps, until: datetime, *, trigger: Trigger = Trigger.SCHEDULE
 ) -> list[ClaimResult]:
     """Claim every slot of ``job`` due at or before ``until`` (the lookahead): :func:`claim_until_batch` of
-    this one job. Used by the API for a fresh submit."""
-    return claim_until_batch([job], deps, until, trigger=trigger)[0]
+    this one job. Used by the API for a fresh submit.
+
+    Raises:
+        the first fault of its claims (the claims before it stand; the next tick goes on from there).
+    """
+    results = claim_until_batch([job], deps, until, trigger=trigger)[0]
+    for outcome in results:
+        if outcome.error is not None:
+            raise outcome.error
+    return results
 
 
 def claim_until_batch(
@@ -249,7 +347,8 @@ def claim_until_batch(
         for (i, job), outcome in zip(current, outcomes, strict=True):
             results[i].append(outcome)
             nxt = outcome.next_fire_at
-            if outcome.advanced and nxt is not None and nxt <= until and len(results[i]) < MAX_SLOTS_PER_PASS:
+            more = nxt is not None and nxt <= until and len(results[i]) < MAX_SLOTS_PER_PASS
+            if outcome.advanced and outcome.error is None and more:
                 following.append((i, job.model_copy(update={"next_fire_at": nxt})))
         current = following
     return results
@@ -299,6 +398,8 @@ def tick(shard: int, deps: Deps, *, owner: str | None = None) -> TickResult:
         if outcomes is None:
             result.errors += 1
             return
+        if any(outcome.error is not None for outcome in outcomes):
+            result.errors += 1
         for outcome in outcomes:
             result.claimed += outcome.created
             result.already_claimed += len(outcome.runs) - outcome.created

@@ -34,8 +34,9 @@ class Deps:
     timeouts: runs timeout plans (Step Functions, or in-process when None: :mod:`duetime.services.timeouts`).
     idempotency: returns the persistence layer of ``Idempotency-Key`` records (created on first use); None
         where the deployment keeps none (the API refuses the header).
-    unreachable: True for an exception that says the backing service could not be reached at all (a
-        worker logs one line for it instead of a traceback).
+    unreachable: True for an exception that says the backing service could not be reached at all, or is
+        too busy to answer for now (the embedded file's write lock held past its busy timeout): transient, so
+        a worker logs one line for it instead of a traceback, and tries again.
     """
 
     settings: Settings

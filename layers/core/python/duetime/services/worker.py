@@ -384,7 +384,7 @@ class Worker:
 
     def _log_failure(self, what: str, exc: Exception) -> None:
         if self.deps.unreachable(exc):
-            logger.warning(f"{what}: AWS unreachable", extra={"tier": self.tier, "error": str(exc)})
+            logger.warning(f"{what}: store unreachable or busy", extra={"tier": self.tier, "error": str(exc)})
         else:
             logger.exception(what, extra={"tier": self.tier})
 
@@ -450,7 +450,7 @@ class Worker:
                 self.deps.logs.put(key, read_log(out))
             except Exception as exc:  # noqa: BLE001 - a log upload failure must not lose the outcome
                 if self.deps.unreachable(exc):
-                    logger.warning("log upload failed: AWS unreachable", extra={"error": str(exc)})
+                    logger.warning("log upload failed: store unreachable or busy", extra={"error": str(exc)})
                 else:
                     logger.exception("log upload failed")
                 if not live.chunks:
@@ -592,8 +592,8 @@ class Worker:
                         lease_lost=True,
                         error="run cancelled" if cancelled is not None else None,
                     )
-                except Exception:  # noqa: BLE001 - a missed heartbeat is retried at the next beat
-                    logger.exception("heartbeat failed")
+                except Exception as exc:  # noqa: BLE001 - a missed heartbeat is retried at the next beat
+                    self._log_failure("heartbeat failed", exc)
                 try:
                     self.deps.queues.extend_visibility(
                         self.tier, received.receipt_handle, QUEUE_VISIBILITY_SECONDS

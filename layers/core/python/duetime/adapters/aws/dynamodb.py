@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
@@ -54,6 +54,7 @@ from duetime.domain.errors import (
     JobExistsError,
     LeaseLostError,
     PageTokenError,
+    PartialBatchError,
     StaleClaimError,
     StartRejectedError,
     ThrottledError,
@@ -265,6 +266,25 @@ def decode_page_token(
 
 def _is_condition_failure(exc: ClientError) -> bool:
     return bool(exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException")
+
+
+T = TypeVar("T")
+
+
+def _each(items: Sequence[T], write: Callable[[T], bool]) -> list[bool]:
+    """``write`` of every item, in order; an item whose write raises is None in a PartialBatchError's
+    results (the others are still written)."""
+    results: list[bool | None] = []
+    first: Exception | None = None
+    for item in items:
+        try:
+            results.append(write(item))
+        except Exception as exc:  # noqa: BLE001 - reported with the others' outcomes below
+            results.append(None)
+            first = first or exc
+    if first is not None:
+        raise PartialBatchError(results, first)
+    return [bool(r) for r in results]
 
 
 class DynamoStore:
@@ -560,18 +580,20 @@ class DynamoStore:
         batch write); for each, whether it was applied (False: another claimer moved that job first).
 
         Raises:
-            the first error other than a failed condition (those before it were applied).
+            PartialBatchError: some UpdateItems raised (throttled, unreachable...); every item was tried, and
+                its ``results`` say which were applied (None: the failed ones, outcome unknown).
         """
-        applied = []
-        for a in advances:
+
+        def one(a: JobAdvance) -> bool:
             try:
                 self.advance(
                     a.job_id, claimed=a.claimed, next_fire_at=a.next_fire_at, now=now, missed=a.missed
                 )
-                applied.append(True)
             except StaleClaimError:
-                applied.append(False)
-        return applied
+                return False
+            return True
+
+        return _each(advances, one)
 
     def add_missed_slots(self, job_id: str, count: int) -> None:
         """Add ``count`` to the job's ``missed_slots`` (slots catch-up or a pause skipped at start)."""
@@ -609,16 +631,18 @@ class DynamoStore:
         inserted (False: it existed).
 
         Raises:
-            the first error other than a failed condition (the runs before it were inserted).
+            PartialBatchError: some PutItems raised; every run was tried, and its ``results`` say which were
+                inserted (None: the failed ones, outcome unknown).
         """
-        inserted = []
-        for run in runs:
+
+        def one(run: Run) -> bool:
             try:
                 self.put_new_run(run)
-                inserted.append(True)
             except AlreadyClaimedError:
-                inserted.append(False)
-        return inserted
+                return False
+            return True
+
+        return _each(runs, one)
 
     def get_run(self, job_id: str, due_at: datetime) -> Run | None:
         """The run, or None. Strongly consistent."""

@@ -55,25 +55,55 @@ class SqsQueues:
 
     def send_batch(self, tier: str, messages: Sequence[tuple[RunMessage, int]]) -> None:
         """Send each ``(message, delay seconds)`` as :meth:`send` would, with SendMessageBatch: up to
-        :data:`SEND_BATCH_MAX` entries a request (SQS's limit; a run message is far below the 256 KB a
-        batch may hold). One request costs what one SendMessage does, for up to 10 messages.
+        :data:`SEND_BATCH_MAX` entries a request (SQS's limit; a run message is well under 1 KB, far below
+        the 256 KB a batch may hold). One request costs what one SendMessage does, for up to 10 messages.
+        Entries SQS failed through no fault of the request (``SenderFault: false``: throttling, an internal
+        error) are sent once more.
 
         Raises:
-            QueueSendError: SQS refused some entries (after every batch was tried; the rest were sent).
+            QueueSendError: some entries were not sent, after every request was tried; its ``unsent`` lists
+                them (the rest were sent).
         """
-        failed: list[str] = []
+        unsent: list[tuple[RunMessage, int]] = []
+        first: str | None = None
         for start in range(0, len(messages), SEND_BATCH_MAX):
-            entries = []
-            for i, (message, delay) in enumerate(messages[start : start + SEND_BATCH_MAX]):
-                request = self.send_request(tier, message, delay=delay)
-                entry = {"Id": str(i), **{k: v for k, v in request.items() if k != "QueueUrl"}}
-                if not message.tenant:
-                    del entry["MessageGroupId"]
-                entries.append(entry)
-            out = self._sqs.send_message_batch(QueueUrl=self.queue_urls[tier], Entries=entries)
-            failed += [f"{f.get('Code')}: {f.get('Message', '')}".strip() for f in out.get("Failed") or []]
-        if failed:
-            raise QueueSendError(f"{len(failed)} of {len(messages)} messages not sent to {tier}: {failed[0]}")
+            chunk = list(messages[start : start + SEND_BATCH_MAX])
+            for attempt in range(2):
+                try:
+                    failed = self._send_chunk(tier, chunk)
+                except Exception as exc:  # noqa: BLE001 - the next chunks are still tried
+                    first = first or repr(exc)
+                    unsent += chunk
+                    break
+                retry = [chunk[i] for i, (_, sender_fault, _) in failed.items() if not sender_fault]
+                if attempt == 0 and retry:
+                    unsent += [chunk[i] for i, (_, sender_fault, _) in failed.items() if sender_fault]
+                    chunk = retry
+                    continue
+                unsent += [chunk[i] for i in failed]
+                if failed:
+                    first = first or next(f"{code}: {text}" for code, _, text in failed.values())
+                break
+        if unsent:
+            raise QueueSendError(
+                f"{len(unsent)} of {len(messages)} messages not sent to {tier}: {first}", unsent
+            )
+
+    def _send_chunk(self, tier: str, chunk: list[tuple[RunMessage, int]]) -> dict[int, tuple[str, bool, str]]:
+        """One SendMessageBatch of ``chunk`` (at most 10); the failed entries by index: (code, sender
+        fault, message)."""
+        entries = []
+        for i, (message, delay) in enumerate(chunk):
+            request = self.send_request(tier, message, delay=delay)
+            entry = {"Id": str(i), **{k: v for k, v in request.items() if k != "QueueUrl"}}
+            if not message.tenant:
+                del entry["MessageGroupId"]
+            entries.append(entry)
+        out = self._sqs.send_message_batch(QueueUrl=self.queue_urls[tier], Entries=entries)
+        return {
+            int(f["Id"]): (str(f.get("Code", "")), bool(f.get("SenderFault")), str(f.get("Message", "")))
+            for f in out.get("Failed") or []
+        }
 
     def receive(
         self,

@@ -285,13 +285,15 @@ class Database:
         deadline = time.monotonic() + timeout
         lock = _write_lock(self._real_path)
         if not lock.acquire(timeout=timeout):
-            raise ThrottledError(f"{self.path}: this process's writers kept the write lock for {timeout:g} s")
+            raise ThrottledError(
+                f"{self.path.name}: this process's writers kept the write lock for {timeout:g} s"
+            )
         try:
             try:
                 self._execute(conn, "BEGIN IMMEDIATE", (), deadline)
             except sqlite3.OperationalError as exc:
                 if _is_busy(exc):
-                    raise ThrottledError(f"{self.path}: the write lock stayed taken: {exc}") from None
+                    raise ThrottledError(f"{self.path.name}: the write lock stayed taken: {exc}") from None
                 raise
             try:
                 yield conn
@@ -305,7 +307,7 @@ class Database:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 if _is_busy(exc):
-                    raise ThrottledError(f"{self.path}: commit refused: {exc}") from None
+                    raise ThrottledError(f"{self.path.name}: commit refused: {exc}") from None
                 raise
         finally:
             lock.release()
@@ -321,7 +323,7 @@ class Database:
             return list(self._execute(self.connection(), sql, params, deadline).fetchall())
         except sqlite3.OperationalError as exc:
             if _is_busy(exc):
-                raise ThrottledError(f"{self.path}: busy for too long: {exc}") from None
+                raise ThrottledError(f"{self.path.name}: busy for too long: {exc}") from None
             raise
 
     # ---- schema --------------------------------------------------------------------------------------

@@ -5,6 +5,11 @@ Every scenario's tasks append ``<attempt> <fencing token> <pid>`` to a file name
 DESIGN.md sections 1 and 5 against the runs the API reports: attempt records in token order, every effect
 under a lease that was granted, no lease executed twice, a SUCCEEDED run's final token has an effect, every
 failure says why.
+
+Every scenario runs on both backends of the local stack (issue 15), ids ``sqlite`` and ``moto``
+(:func:`backend_params`). What a scenario needs beyond the HTTP API (a run's stored row, the queue's messages)
+goes through :func:`stack_state`: boto3 on the stack's moto server, or the real SQLite adapters on the stack's
+state file.
 """
 
 from __future__ import annotations
@@ -12,9 +17,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +32,9 @@ from typing import Any, TypeVar
 import boto3
 import pytest
 
-from duetime.adapters.aws.dynamodb import deserialize
+from duetime.adapters.aws.dynamodb import deserialize, run_from_item
+from duetime.domain.lifecycle import message_for
+from duetime.domain.models import Run, RunMessage
 from duetime.local.stack import LOCAL_AWS_ENV
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 
@@ -44,6 +54,25 @@ TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED"}
 INJECT_DIR = Path(__file__).parent / "inject"
 
 T = TypeVar("T")
+
+#: `make faults` (DUETIME_FAULTS_FULL=1) also runs the slower variants
+FULL = os.environ.get("DUETIME_FAULTS_FULL") == "1"
+#: the local stack's backends every scenario runs on
+BACKENDS = ("sqlite", "moto")
+
+
+def backend_params(*, moto_full_only: bool = False) -> list[Any]:
+    """``BACKENDS`` as parametrize values (ids ``sqlite``, ``moto``); ``moto_full_only``: a slow scenario whose
+    moto variant runs under ``make faults`` only (its sqlite variant always runs)."""
+    marks = [pytest.mark.skipif(not FULL, reason="make faults only (moto variant)")] if moto_full_only else []
+    return [pytest.param("sqlite", id="sqlite"), pytest.param("moto", id="moto", marks=marks)]
+
+
+@pytest.fixture(scope="module", params=backend_params())
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend of the scenario's stack (module-scoped, so a module's shared stack can depend on it; a test
+    narrows it with ``@pytest.mark.parametrize("backend", backend_params(...), indirect=True)``)."""
+    return str(request.param)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -108,7 +137,18 @@ def run_problems(run: dict[str, Any], executed: list[tuple[int, int]]) -> list[s
     return [f"{run['run_id']}: {p}" for p in problems]
 
 
-# ---- the stack's AWS, from the test process -------------------------------------------------------------
+# ---- the stack's state, from the test process -----------------------------------------------------------
+def _local_state(stack: Stack) -> dict[str, Any]:
+    return dict(json.loads((stack.workdir / ".duetime" / "local.json").read_text()))
+
+
+def stack_state(stack: Stack) -> StackAws | StackSqlite:
+    """What the HTTP API does not tell, backend-neutral: every stored run row, a run as stored, and the queue
+    (send a message, take the visible ones away), on the stack's moto server or its SQLite file."""
+    state = _local_state(stack)
+    return StackSqlite(Path(state["database"])) if state["backend"] == "sqlite" else StackAws.of(stack)
+
+
 @dataclass
 class StackAws:
     """boto3 clients on a stack's moto server (never the process-wide ``duetime.adapters.aws.clients`` cache)."""
@@ -118,7 +158,7 @@ class StackAws:
 
     @classmethod
     def of(cls, stack: Stack) -> StackAws:
-        state = json.loads((stack.workdir / ".duetime" / "local.json").read_text())
+        state = _local_state(stack)
         return cls(state["aws_endpoint"], state)
 
     def client(self, service: str) -> Any:
@@ -141,6 +181,132 @@ class StackAws:
                 return items
             kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
 
+    def run(self, job_id: str) -> Run:
+        """``job_id``'s only run, as stored."""
+        [item] = [i for i in self.runs() if i["job_id"] == job_id]
+        return run_from_item(item)
+
+    def send(self, body: str, *, delay: int = 0, tier: str = "small") -> None:
+        """Put ``body`` on ``tier``'s queue (a duplicate delivery), visible after ``delay`` seconds."""
+        self.client("sqs").send_message(QueueUrl=self.queue_url(tier), MessageBody=body, DelaySeconds=delay)
+
+    def take_visible(self, tier: str = "small") -> list[str]:
+        """Receive (waiting up to 1 s) and delete the visible messages of ``tier``; their job ids."""
+        sqs = self.client("sqs")
+        out = sqs.receive_message(QueueUrl=self.queue_url(tier), MaxNumberOfMessages=10, WaitTimeSeconds=1)
+        taken = []
+        for m in out.get("Messages", []):
+            taken.append(RunMessage.model_validate_json(m["Body"]).job_id)
+            sqs.delete_message(QueueUrl=self.queue_url(tier), ReceiptHandle=m["ReceiptHandle"])
+        return taken
+
+
+@dataclass
+class StackSqlite:
+    """The real SQLite adapters (``SqliteStore``, ``SqliteQueues``) on a stack's state file, opened per call and
+    closed after it (the file is the stack's to lock: nothing here holds a transaction open)."""
+
+    path: Path
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run row of the stack: the stored document, with the watchdog index's columns as stored."""
+        from duetime.adapters.sqlite.store import SqliteStore
+
+        store = SqliteStore(self.path)
+        try:
+            rows = store.db.read("SELECT watch_shard, watch_at, doc FROM runs")
+        finally:
+            store.close()
+        items = []
+        for watch_shard, watch_at, doc in rows:
+            item = {k: v for k, v in json.loads(doc).items() if k not in ("watch_at", "watch_shard")}
+            item.update(
+                {k: v for k, v in (("watch_shard", watch_shard), ("watch_at", watch_at)) if v is not None}
+            )
+            items.append(item)
+        return items
+
+    def run(self, job_id: str) -> Run:
+        """``job_id``'s only run, as stored."""
+        from duetime.adapters.sqlite.store import SqliteStore
+
+        store = SqliteStore(self.path)
+        try:
+            [run] = store.list_runs(job_id)
+        finally:
+            store.close()
+        return run
+
+    def send(self, body: str, *, delay: int = 0, tier: str = "small") -> None:
+        """Put ``body`` on ``tier``'s queue (a duplicate delivery), visible after ``delay`` seconds."""
+        from duetime.adapters.sqlite.queue import SqliteQueues
+
+        queues = SqliteQueues(self.path)
+        try:
+            queues.send(tier, RunMessage.model_validate_json(body), delay=delay)
+        finally:
+            queues.close()
+
+    def take_visible(self, tier: str = "small") -> list[str]:
+        """Receive (waiting up to 1 s) and delete the visible messages of ``tier``; their job ids."""
+        from duetime.adapters.sqlite.queue import SqliteQueues
+
+        queues = SqliteQueues(self.path)
+        try:
+            taken = []
+            for m in queues.receive(tier, max_messages=10, wait_seconds=1):
+                taken.append(RunMessage.model_validate_json(m.body).job_id)
+                queues.delete(tier, m.receipt_handle)
+            return taken
+        finally:
+            queues.close()
+
+
+def stored_message(state: StackAws | StackSqlite, job_id: str, attempt: int) -> str:
+    """The body of a run message of ``job_id``'s (only) run at ``attempt``, as the claim would send it."""
+    return message_for(state.run(job_id), attempt=attempt).model_dump_json()
+
+
+# ---- sqlite's write lock, held by another process -----------------------------------------------------------
+class WriteLockHolder:
+    """Another writer on a stack's SQLite file: a thread of the test process that takes the file's one write lock
+    (``BEGIN IMMEDIATE``) and holds it for each of ``holds`` seconds in turn, ``gap`` seconds apart; every write
+    of every process of the stack waits meanwhile (up to the adapter's busy timeout, then fails). ``held`` lists
+    ``(waited, held)`` seconds of each hold once it is over."""
+
+    def __init__(self, path: Path, holds: list[float], *, gap: float = 0.5) -> None:
+        self.path, self.holds, self.gap = path, holds, gap
+        self.held: list[tuple[float, float]] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="write-lock-holder", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=60)
+            try:
+                for seconds in self.holds:
+                    asked = time.monotonic()
+                    conn.execute("BEGIN IMMEDIATE")
+                    got = time.monotonic()
+                    time.sleep(seconds)
+                    conn.execute("ROLLBACK")
+                    self.held.append((got - asked, time.monotonic() - got))
+                    time.sleep(self.gap)
+            finally:
+                conn.close()
+        except BaseException as exc:  # noqa: BLE001 - reported by join()
+            self.error = exc
+
+    def start(self) -> WriteLockHolder:
+        self._thread.start()
+        return self
+
+    def join(self) -> list[tuple[float, float]]:
+        self._thread.join()
+        if self.error is not None:
+            raise AssertionError(f"the lock holder failed: {self.error!r}")
+        return self.held
+
 
 def unwatched(items: list[dict[str, Any]]) -> list[str]:
     """Non-terminal runs missing from the watchdog index: nothing would ever look at them again."""
@@ -149,6 +315,25 @@ def unwatched(items: list[dict[str, Any]]) -> list[str]:
         for i in items
         if i["state"] not in TERMINAL and not ("watch_at" in i and "watch_shard" in i)
     ]
+
+
+def logged_failures(stack: Stack) -> Counter[str]:
+    """What the stack's processes logged at WARNING and above, counted by what it says: ``LEVEL message
+    (exception)`` for a handler's JSON log line, the line itself for the stack's own ``... failed: ...``."""
+    found: Counter[str] = Counter()
+    for line in list(stack.output):
+        text = line.strip()
+        if text.startswith("{"):
+            try:
+                entry = json.loads(text)
+            except ValueError:
+                continue
+            if entry.get("level") in ("WARNING", "ERROR", "CRITICAL"):
+                cause = f" ({entry['exception_name']})" if entry.get("exception_name") else ""
+                found[f"{entry['level']} {entry.get('message')}{cause}"] += 1
+        elif " failed: " in text or text.startswith("Traceback"):
+            found[text.split(": ", 1)[0] + ": " + text.rsplit(": ", 1)[-1][:80]] += 1
+    return found
 
 
 # ---- waiting and processes --------------------------------------------------------------------------------
@@ -250,13 +435,13 @@ def moto_endpoint() -> Iterator[str]:
 
 @pytest.fixture
 def stacks() -> Iterator[Callable[..., Stack]]:
-    """``stacks(workdir, *args)`` starts a local stack that is stopped after the test whatever happens (and
-    SIGKILLed with everything below it if it will not stop)."""
+    """``stacks(workdir, *args, backend="moto")`` starts a local stack that is stopped after the test whatever
+    happens (and SIGKILLed with everything below it if it will not stop)."""
     started: list[Stack] = []
 
-    def start(workdir: Path, *args: str) -> Stack:
+    def start(workdir: Path, *args: str, backend: str = "moto") -> Stack:
         workdir.mkdir(parents=True, exist_ok=True)
-        stack = start_stack(workdir, *args, backend="moto")  # faults are injected into the AWS SDK's calls
+        stack = start_stack(workdir, *args, backend=backend)
         started.append(stack)
         return stack
 
@@ -281,14 +466,22 @@ def kill_stack_hard(stack: Stack) -> None:
 
 
 __all__ = [
+    "BACKENDS",
     "FAST",
+    "FULL",
     "Effects",
     "Stack",
     "StackAws",
+    "StackSqlite",
+    "WriteLockHolder",
+    "backend_params",
+    "stack_state",
+    "stored_message",
     "alive",
     "descendants",
     "faulty_env",
     "kill_stack_hard",
+    "logged_failures",
     "run_problems",
     "running_moto",
     "runs_of",

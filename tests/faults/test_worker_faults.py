@@ -3,7 +3,8 @@
 SIGKILL a worker (and its task's process group, as a container's death would) at every attempt; SIGSTOP a
 worker past its lease and SIGCONT it (its heartbeat or finish must be rejected, its task tree killed, the run
 finished exactly once by another attempt); deliver a queue message several times; delete a message before any
-worker sees it. Each task records its executions (:class:`~tests.faults.conftest.Effects`).
+worker sees it. Each task records its executions (:class:`~tests.faults.conftest.Effects`). Every scenario runs
+on both backends (``sqlite``, ``moto``); the queue is reached through :func:`~tests.faults.conftest.stack_state`.
 """
 
 from __future__ import annotations
@@ -20,19 +21,20 @@ from typing import Any
 
 import pytest
 
-from duetime.domain.models import RunMessage
 from tests.faults.conftest import (
     FAST,
     Effects,
     Stack,
-    StackAws,
     alive,
+    backend_params,
     descendants,
     run_problems,
     runs_of,
     settled,
+    stack_state,
     start_stack,
     stop_stack,
+    stored_message,
     unwatched,
     wait_for,
     worker_pid,
@@ -42,9 +44,11 @@ pytestmark = pytest.mark.faults
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """One stack for the scenarios that leave it healthy: two workers per tier, short leases."""
-    s = start_stack(tmp_path_factory.mktemp("worker-faults"), *FAST, "--workers", "2", backend="moto")
+def stack(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One stack per backend for the scenarios that leave it healthy: two workers per tier, short leases."""
+    s = start_stack(
+        tmp_path_factory.mktemp(f"worker-faults-{backend}"), *FAST, "--workers", "2", backend=backend
+    )
     yield s
     stop_stack(s)
 
@@ -86,7 +90,7 @@ def test_a_worker_killed_at_every_attempt_is_retried_until_one_survives_or_none_
     script = '[ "$DUETIME_ATTEMPT" -ge 3 ] && exit 0; sleep 60'
     three = _submit(stack, effects.command(script), retry={"max_attempts": 3, "backoff_seconds": 0})
     one = _submit(stack, effects.command(script), retry={"max_attempts": 1})
-    aws = StackAws.of(stack)
+    state = stack_state(stack)
     # When the worker running each attempt dies with its task (SIGKILL to the whole container), twice
     for job_id, attempt in ((three, 1), (one, 1), (three, 2)):
         run = wait_for(
@@ -97,7 +101,7 @@ def test_a_worker_killed_at_every_attempt_is_retried_until_one_survives_or_none_
         )
         _kill_container(worker_pid(run))
         # Then the orphaned run is still watched: the sweeper will find it
-        assert unwatched(aws.runs()) == []
+        assert unwatched(state.runs()) == []
     # Then the first job succeeds on its third attempt and the second is dead-lettered, both saying why
     [survivor] = wait_for("the first job to settle", lambda: settled(stack, three), timeout=60)
     [dead] = wait_for("the second job to settle", lambda: settled(stack, one), timeout=60)
@@ -183,15 +187,6 @@ def test_a_paused_worker_whose_task_ended_meanwhile_has_its_finish_rejected(
     assert run_problems(run, effects.of(run["run_id"])) == []
 
 
-def _message(aws: StackAws, job_id: str, attempt: int) -> str:
-    """The body of a run message of ``job_id``'s (only) run at ``attempt``, as the claim would send it."""
-    from duetime.adapters.aws.dynamodb import run_from_item
-    from duetime.services.runs import message_for
-
-    [item] = [i for i in aws.runs() if i["job_id"] == job_id]
-    return message_for(run_from_item(item), attempt=attempt).model_dump_json()
-
-
 def _each_attempt_ran_once(run: dict[str, Any], executed: list[tuple[int, int]]) -> None:
     """Exactly one execution per attempt the run recorded; a repeated attempt only after a lost lease."""
     assert run_problems(run, executed) == []
@@ -201,8 +196,7 @@ def _each_attempt_ran_once(run: dict[str, Any], executed: list[tuple[int, int]])
 
 
 def test_a_message_delivered_many_times_runs_each_attempt_once(stack: Stack, effects: Effects) -> None:
-    aws = StackAws.of(stack)
-    sqs = aws.client("sqs")
+    state = stack_state(stack)
     # Given a run-now job, and a job whose first attempt fails and retries after 4 s
     once = _submit(stack, effects.command("sleep 2"))
     retried = _submit(
@@ -211,16 +205,16 @@ def test_a_message_delivered_many_times_runs_each_attempt_once(stack: Stack, eff
         retry={"max_attempts": 3, "backoff_seconds": 4, "jitter": "none"},
     )
     # When the first run's message is delivered three more times at once, and again after the run ended
-    body = _message(aws, once, 1)
+    body = stored_message(state, once, 1)
     for _ in range(3):
-        sqs.send_message(QueueUrl=aws.queue_url(), MessageBody=body)
+        state.send(body)
     wait_for("the run to settle", lambda: settled(stack, once))
-    sqs.send_message(QueueUrl=aws.queue_url(), MessageBody=body)
+    state.send(body)
     # And the retry's wake-up is duplicated: early (before its backoff ends), on time, and late
     wait_for("attempt 1 to fail", lambda: any(r["attempts"] for r in runs_of(stack, retried)))
-    retry_body = _message(aws, retried, 2)
+    retry_body = stored_message(state, retried, 2)
     for delay in (0, 4, 5, 7):
-        sqs.send_message(QueueUrl=aws.queue_url(), MessageBody=retry_body, DelaySeconds=delay)
+        state.send(retry_body, delay=delay)
     wait_for("the retried run to settle", lambda: settled(stack, retried), timeout=30)
     time.sleep(8)  # every duplicate has been delivered and dropped by now
     # Then each attempt ran exactly once, under the token its start granted
@@ -232,15 +226,15 @@ def test_a_message_delivered_many_times_runs_each_attempt_once(stack: Stack, eff
     _each_attempt_ran_once(run, effects.of(run["run_id"]))
 
 
+@pytest.mark.parametrize("backend", backend_params(moto_full_only=True), indirect=True)  # a stack of its own
 def test_a_message_deleted_before_any_worker_saw_it_is_resent_by_the_sweeper(
-    stacks: Callable[..., Stack], tmp_path: Path, effects: Effects
+    backend: str, stacks: Callable[..., Stack], tmp_path: Path, effects: Effects
 ) -> None:
     # Given a stack with no worker at all, a run-now job and a one-off due in 4 s
-    stack = stacks(tmp_path / "stack", *FAST, "--workers", "0")
+    stack = stacks(tmp_path / "stack", *FAST, "--workers", "0", backend=backend)
     worker: subprocess.Popen[bytes] | None = None
     try:
-        aws = StackAws.of(stack)
-        sqs = aws.client("sqs")
+        state = stack_state(stack)
         due = (datetime.now(UTC) + timedelta(seconds=4)).replace(microsecond=0)
         now_job = _submit(stack, effects.command("true"))
         at_job = _submit(
@@ -250,10 +244,7 @@ def test_a_message_deleted_before_any_worker_saw_it_is_resent_by_the_sweeper(
         lost: list[str] = []
 
         def delete_visible() -> bool:
-            out = sqs.receive_message(QueueUrl=aws.queue_url(), MaxNumberOfMessages=10, WaitTimeSeconds=1)
-            for m in out.get("Messages", []):
-                lost.append(RunMessage.model_validate_json(m["Body"]).job_id)
-                sqs.delete_message(QueueUrl=aws.queue_url(), ReceiptHandle=m["ReceiptHandle"])
+            lost.extend(state.take_visible())
             return {now_job, at_job} <= set(lost)
 
         wait_for("both messages to be deleted", delete_visible, timeout=20, every=0)

@@ -1,4 +1,5 @@
-"""Fault injection inside every Python process of a local stack (the stack itself, its workers, moto's server).
+"""Fault injection inside every Python process of a local stack (the stack itself, its workers, moto's server),
+and, on the embedded backend, a count of what another process's hold on the SQLite write lock did to them.
 
 The fault tests start ``duetime local`` with ``PYTHONPATH`` pointing here and ``FAULTS_CONTROL_FILE`` naming a
 JSON file; Python then imports this module at start-up, and every boto3 client the process creates afterwards
@@ -12,6 +13,12 @@ JSON file; Python then imports this module at start-up, and every boto3 client t
 The control file is re-read whenever it changes, so a test turns throttling on and off while the stack runs:
 ``{"rate": 0.3, "ops": ["PutItem", "UpdateItem"]}``; ``{"rate": 0}`` stops it. Each process appends what it
 did to ``<control file>.<pid>.log``, one word per event: ``throttled``, ``recovered``, ``gave_up``.
+
+On the embedded backend the fault is not injected here but real: the test holds the state file's write lock from
+its own process. What this module adds is a wrapper of ``duetime.adapters.sqlite.db.Database.transaction`` (the
+one way every SQLite adapter writes) that logs, in the same file, ``lock_waited`` for a transaction that got the
+lock after waiting 0.5 s or more and ``lock_gave_up`` for one refused with ``ThrottledError`` (the busy timeout
+ran out).
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 _CONTROL = os.environ.get("FAULTS_CONTROL_FILE")
@@ -89,9 +99,41 @@ class _Throttle:
             self._note("recovered")
 
 
+def _count_lock_waits(log: str) -> None:
+    """Wrap the SQLite adapters' write transaction to log how long it waited for the write lock."""
+    from duetime.adapters.sqlite import db
+    from duetime.domain.errors import ThrottledError
+
+    begin = db.Database.transaction
+
+    def note(word: str) -> None:
+        with open(log, "a") as fh:
+            fh.write(word + "\n")
+
+    @contextmanager
+    def transaction(self: Any) -> Iterator[Any]:
+        asked = time.monotonic()
+        entered = False
+        try:
+            with begin(self) as conn:
+                entered = True
+                if time.monotonic() - asked >= 0.5:
+                    note("lock_waited")
+                yield conn
+        except ThrottledError:
+            note("lock_gave_up" if not entered else "commit_refused")
+            raise
+
+    db.Database.transaction = transaction  # type: ignore[method-assign]
+
+
 if _CONTROL:
     import botocore.handlers
 
     _hooks = _Throttle(_CONTROL)
     botocore.handlers.BUILTIN_HANDLERS.append(("before-send.dynamodb", _hooks.before_send))
     botocore.handlers.BUILTIN_HANDLERS.append(("after-call.dynamodb", _hooks.after_call))
+    try:
+        _count_lock_waits(_hooks.log)
+    except ImportError:  # a process without duetime on its path
+        pass

@@ -227,9 +227,8 @@ def test_a_write_lock_held_past_the_busy_timeout_is_a_throttled_error_and_writes
     holder.start()
     held.wait(5)
     started = time.monotonic()
-    with pytest.raises(ThrottledError, match="write lock stayed taken"):
-        with db.transaction() as conn:
-            conn.execute("INSERT INTO meta (key, value) VALUES ('lost', 'no')")
+    with pytest.raises(ThrottledError, match="write lock stayed taken"), db.transaction() as conn:
+        conn.execute("INSERT INTO meta (key, value) VALUES ('lost', 'no')")
     assert 0.2 <= time.monotonic() - started < 0.5
     holder.join()
     assert db.read("SELECT value FROM meta WHERE key = 'lost'") == []

@@ -208,7 +208,7 @@ class LocalStack:
         if self.options.reset:
             from duetime.config.deps import DATABASE_FILE, LOGS_DIR
 
-            for suffix in ("", "-wal", "-shm"):
+            for suffix in ("", "-wal", "-shm", "-writer"):
                 (state_dir / f"{DATABASE_FILE}{suffix}").unlink(missing_ok=True)
             shutil.rmtree(state_dir / LOGS_DIR, ignore_errors=True)
             print(f"reset: {state_dir} starts empty", flush=True)

@@ -5,8 +5,12 @@ The file runs in WAL mode (readers never block the writer, nor the writer them) 
 instead of failing at once. The waiting is ours, not SQLite's: its busy handler sleeps 1, 2, 5, 10 ... up to
 100 ms between tries, so under contention (a worker's slots, the tick, the API processes all writing) writers
 slept far longer than the lock was held (a burst of 1,000 runs started at 49/s). Threads of one process take
-turns on a lock of their own (they never poll), and a process finds the file locked by another retries
-every 0.1-2 ms (with jitter) until the busy timeout. Each thread (and each process: a forked child never reuses its parent's
+turns on a lock of their own, and the processes sharing the file on an ``flock`` of ``<file>-writer`` (the
+kernel wakes the next waiter as soon as the holder lets go; a dead holder's lock is released with it); a
+file locked by a program outside these (another ``sqlite3`` connection) is tried again every 1-5 ms (with
+jitter) until the busy timeout. A Duetime process stopped (SIGSTOP) inside a transaction holds every writer
+until it resumes or dies, as it would hold SQLite's own lock.
+Each thread (and each process: a forked child never reuses its parent's
 connection) gets its own connection, opened in autocommit mode: a plain read is its own consistent snapshot,
 and a conditional write is a short ``BEGIN IMMEDIATE`` transaction (:meth:`Database.transaction`): it takes
 the file's one write lock first, reads the row, checks the condition, writes, commits. No other writer, in
@@ -19,6 +23,7 @@ file at once: the second finds the migrations applied and does nothing).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import sqlite3
@@ -35,13 +40,31 @@ from duetime.domain.errors import DuetimeError, ThrottledError
 #: how long a writer waits for the write lock before giving up, milliseconds
 BUSY_TIMEOUT_MS = 5000
 #: the first and the longest pause between two tries of a lock another process holds, seconds
-_RETRY_FIRST_S = 0.0001
-_RETRY_MAX_S = 0.002
+_RETRY_FIRST_S = 0.001
+_RETRY_MAX_S = 0.005
 
 #: one write lock per database file and process: its threads take turns here instead of polling SQLite's
 #: (keyed by pid too: a forked child must not inherit a lock one of its parent's threads held)
 _WRITE_LOCKS: dict[tuple[int, str], threading.Lock] = {}
 _WRITE_LOCKS_GUARD = threading.Lock()
+
+
+#: per process and database file: the descriptor of its writer lock file (``<file>-writer``)
+_LOCK_FILES: dict[tuple[int, str], int] = {}
+
+
+def _lock_file(real_path: str) -> int:
+    """This process's descriptor of ``real_path``'s writer lock file (opened once)."""
+    key = (os.getpid(), real_path)
+    fd = _LOCK_FILES.get(key)
+    if fd is None:
+        with _WRITE_LOCKS_GUARD:
+            fd = _LOCK_FILES.get(key)
+            if fd is None:
+                fd = _LOCK_FILES[key] = os.open(
+                    f"{real_path}-writer", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644
+                )
+    return fd
 
 
 def _write_lock(real_path: str) -> threading.Lock:
@@ -206,6 +229,7 @@ class Database:
         self._lock = threading.Lock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            _lock_file(self._real_path)  # the writers' lock file: a directory that refuses it fails here
             self.migrate()
         except StateFileError:
             raise
@@ -253,7 +277,7 @@ class Database:
         self, conn: sqlite3.Connection, sql: str, params: Sequence[Any], deadline: float
     ) -> sqlite3.Cursor:
         """``conn.execute``, tried again while the file is busy (locked by another process) until
-        ``deadline`` (``time.monotonic()``), pausing 0.1 ms, then longer, up to 2 ms, with jitter.
+        ``deadline`` (``time.monotonic()``), pausing 1 ms, then longer, up to 5 ms, with jitter.
 
         Raises:
             sqlite3.OperationalError: still busy at the deadline, or any other error at once.
@@ -288,6 +312,15 @@ class Database:
             raise ThrottledError(
                 f"{self.path.name}: this process's writers kept the write lock for {timeout:g} s"
             )
+        writer = _lock_file(self._real_path)
+        try:
+            # the stack's processes take turns in the kernel's queue (flock): a waiter sleeps until the
+            # holder lets go and is woken at once, fairly; polling SQLite's lock instead let one process's
+            # threads pass the lock among themselves while the other process slept between tries
+            fcntl.flock(writer, fcntl.LOCK_EX)
+        except BaseException:
+            lock.release()
+            raise
         try:
             try:
                 self._execute(conn, "BEGIN IMMEDIATE", (), deadline)
@@ -310,6 +343,7 @@ class Database:
                     raise ThrottledError(f"{self.path.name}: commit refused: {exc}") from None
                 raise
         finally:
+            fcntl.flock(writer, fcntl.LOCK_UN)
             lock.release()
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

@@ -56,7 +56,11 @@ class Stack:
 
 def start_stack(workdir: Path, *extra: str, backend: str = "sqlite") -> Stack:
     """``duetime local`` in ``workdir`` on ``backend`` (the default one: sqlite; "moto" for the AWS
-    adapters), once it says Ready."""
+    adapters), once it says Ready. One API process unless ``extra`` says otherwise (the default, one per
+    core, costs each of the suite's stacks another process start; tests/e2e/test_api_processes.py covers
+    several)."""
+    if "--api-processes" not in extra:
+        extra = ("--api-processes", "1", *extra)
     cmd = [
         sys.executable,
         "-m",

@@ -497,18 +497,21 @@ def test_a_submit_whose_wake_up_is_throttled_is_accepted_once_and_its_run_still_
 ) -> None:
     from duetime.services.sweeper import sweep
 
-    # Given SQS refusing every send (throttled past the SDK's retries)
-    real_send = deps.queues._sqs.send_message
-    refused = _throttle(deps, monkeypatch, "sqs", "send_message")
+    # Given SQS refusing every send (throttled past the SDK's retries), batched or not
+    real_send, real_batch = deps.queues._sqs.send_message, deps.queues._sqs.send_message_batch
+    refused = _throttle(deps, monkeypatch, "sqs", "send_message_batch")
+    refused_one = _throttle(deps, monkeypatch, "sqs", "send_message")
     # When a run-now job is submitted
     status, job, _ = call(api, "POST", "/jobs", {**EVERY_5, "schedule": None})
-    # Then the submit took effect and says so (a 5xx would make the client submit a second job)
-    assert status == 201 and refused == ["send_message"]
+    # Then the submit took effect and says so (a 5xx would make the client submit a second job); the claim
+    # tried its batch send, then the message alone
+    assert status == 201 and (refused, refused_one) == (["send_message_batch"], ["send_message"])
     assert [j["job_id"] for j in call(api, "GET", "/jobs")[1]["jobs"]] == [job["job_id"]]
     [run] = deps.store.list_runs(job["job_id"])
     assert run.state.value == "PENDING"
     # And once SQS is back, the sweeper re-sends the PENDING run after its grace and it runs once
     monkeypatch.setattr(deps.queues._sqs, "send_message", real_send)
+    monkeypatch.setattr(deps.queues._sqs, "send_message_batch", real_batch)
     clock.advance(deps.settings.pending_grace_seconds + 1)
     assert sweep(run.shard, deps).resent == 1
     assert Worker(deps, "small").poll_once(wait_seconds=1) == 1

@@ -83,7 +83,8 @@ def test_api_processes_zero_serves_the_api_from_the_stack_process(tmp_path: Path
         assert stop_stack(stack) == 0
 
 
-def test_an_api_port_in_use_is_a_clear_error_naming_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("processes", ["2", "0"])
+def test_an_api_port_in_use_is_a_clear_error_naming_it(tmp_path: Path, processes: str) -> None:
     # Given a port another program listens on
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -93,7 +94,17 @@ def test_an_api_port_in_use_is_a_clear_error_naming_it(tmp_path: Path) -> None:
         # When a stack is asked to serve its API there
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DUETIME_"))}
         done = subprocess.run(
-            [sys.executable, "-m", "duetime", "local", "--no-demo", "--api-port", str(port)],
+            [
+                sys.executable,
+                "-m",
+                "duetime",
+                "local",
+                "--no-demo",
+                "--api-port",
+                str(port),
+                "--api-processes",
+                processes,
+            ],
             cwd=tmp_path,
             capture_output=True,
             text=True,

@@ -404,7 +404,13 @@ class LocalStack:
         from duetime.local.lambda_runtime import handler
 
         app = HttpApiAdapter(handler("api", concurrency=4), tenants=self.options.tenants)
-        self._api_server = make_api_server("127.0.0.1", self.options.api_port, app)
+        try:
+            self._api_server = make_api_server("127.0.0.1", self.options.api_port, app)
+        except SystemExit:  # werkzeug's answer to a port it cannot bind (it printed why)
+            raise ApiPortError(
+                f"cannot listen on 127.0.0.1:{self.options.api_port} for the API; stop the program using it "
+                "or choose another --api-port (0 = any free port)"
+            ) from None
         self.api_url = f"http://127.0.0.1:{self._api_server.server_port}"
         import logging
 

@@ -124,3 +124,31 @@ def test_a_well_formed_request_still_reaches_the_handler(port: int) -> None:
         port, b"GET /jobs?limit=5 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
     )
     assert status == 200 and json.loads(body) == {"path": "/jobs"}
+
+
+def test_a_body_over_10_mb_is_a_json_413_before_it_is_read(port: int) -> None:
+    # Given a request that declares 11 MB and sends only the first bytes
+    request = b"POST /jobs HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: 11534336\r\n\r\n{"
+    status, headers, body = exchange(port, request, close_write=True)
+    # Then it is refused at once with the API's error shape, naming both sizes
+    assert status == 413
+    message = assert_api_error(headers, body, "request_entity_too_large")
+    assert "11,534,336 bytes" in message and "10,485,760" in message
+
+
+def test_a_chunked_body_over_10_mb_is_a_json_413(port: int) -> None:
+    chunk = b"a" * (1024 * 1024)
+    request = b"POST /jobs HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+    request += b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(11)) + b"0\r\n\r\n"
+    status, headers, body = exchange(port, request, close_write=True)
+    assert status == 413
+    assert assert_api_error(headers, body, "request_entity_too_large").startswith(
+        "the request body cannot be read"
+    )
+
+
+def test_a_body_of_exactly_10_mb_still_reaches_the_handler(port: int) -> None:
+    size = 10 * 1024 * 1024
+    request = b"POST /jobs HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % size
+    status, _, body = exchange(port, request + b" " * size)
+    assert status == 200 and json.loads(body) == {"path": "/jobs"}

@@ -19,7 +19,7 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl
 
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
@@ -36,6 +36,9 @@ _HINTS = {
 }
 #: longest text of the request echoed in an error message (http.server quotes the bad request line)
 _MAX_MESSAGE_CHARS = 512
+#: the largest request body, bytes: API Gateway's HTTP API payload limit (10 MB), so the local API refuses
+#: what AWS would, before reading it (a 413)
+MAX_BODY_BYTES = 10 * 1024 * 1024
 
 
 def error_body(status: int, message: str, field: str | None = None) -> bytes:
@@ -102,6 +105,8 @@ def make_api_server(
 def to_http_api_event(request: Request) -> dict[str, Any]:
     """An HTTP API v2 event for ``request`` (headers lower-cased, repeated query values comma-joined)."""
     raw = request.get_data()
+    if len(raw) > MAX_BODY_BYTES:
+        raise RequestEntityTooLarge(f"over {MAX_BODY_BYTES:,} bytes (API Gateway's payload limit)")
     content_type = request.headers.get("Content-Type", "")
     is_text = not raw or any(content_type.startswith(t) for t in _TEXT_TYPES) or not content_type
     try:
@@ -178,6 +183,19 @@ class HttpApiAdapter:
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         request = Request(environ)
+        # a body over the limit is refused unread when its length is declared (a chunked one once read)
+        if (request.content_length or 0) > MAX_BODY_BYTES:
+            refused = Response(
+                error_body(
+                    413,
+                    f"the request body is {request.content_length:,} bytes; the API takes at most "
+                    f"{MAX_BODY_BYTES:,} (API Gateway's payload limit)",
+                ),
+                status=413,
+            )
+            refused.content_type = "application/json"
+            refused.headers["Connection"] = "close"
+            return refused(environ, start_response)
         try:
             event = to_http_api_event(request)
         except (HTTPException, OSError, ValueError) as exc:  # a body shorter than its length, bad chunks

@@ -115,6 +115,10 @@ def test_a_first_attempt_still_running_shows_its_lag(api: ModuleType, deps, cloc
             "schedule.timezone",
         ),
         ({**HELLO, "schedule": {"expression": "at(2020-01-01T00:00:00)"}}, "schedule.expression"),
+        (
+            {**HELLO, "schedule": {"expression": "rate(1 minute)", "end_at": "2020-01-01T00:00:00Z"}},
+            "schedule.end_at",
+        ),
         ({**HELLO, "job_id": "has spaces"}, "job_id"),
     ],
 )

@@ -578,7 +578,8 @@ class LocalStack:
                 with urllib.request.urlopen(request, timeout=10) as response:
                     job = json.loads(response.read())
                 print(
-                    f"demo: job {job['job_id']} {job['name']!r} next fire {job['next_fire_at']}", flush=True
+                    f"demo: job {job['job_id']} {job['name']!r} next fire {job['next_fire_at'] or 'none left'}",
+                    flush=True,
                 )
             except urllib.error.HTTPError as exc:
                 if exc.code == 409:

@@ -41,7 +41,7 @@ from duetime.domain.models import (
     parse_run_id,
 )
 from duetime.domain.schedules import DstPolicy, parse_schedule
-from duetime.domain.timeutil import truncate_ms
+from duetime.domain.timeutil import to_iso, truncate_ms
 from duetime.services.claims import MAX_WALKED_SLOTS, claim_until, new_run
 from duetime.services.deps import Deps
 from duetime.services.runs import (
@@ -111,9 +111,13 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
     )
     first = now if request.schedule is None else next_fire_after(job, now)
     if first is None:
-        raise ScheduleError(
-            "the schedule has no fire time after now (an at(...) in the past, or end_at already passed)"
-        )
+        end_at = request.schedule.end_at if request.schedule is not None else None
+        if end_at is not None and end_at <= now:
+            raise ScheduleError(
+                f"end_at {to_iso(end_at)} has passed: the schedule has no fire time after now",
+                "schedule.end_at",
+            )
+        raise ScheduleError("the schedule has no fire time after now (an at(...) in the past)")
     job = job.model_copy(update={"next_fire_at": first})
     _admit_submit(tenant, deps)
     counted = request.schedule is not None  # a run-now job completes at once: it never counts as active

@@ -10,18 +10,16 @@ LINT_IMPORTS := $(VENV)/bin/lint-imports --no-cache --no-logo
 
 .PHONY: fuzz run test test-unit test-integration test-e2e lint format typecheck clean synth lint-infra bench bench-quick faults
 
-# --no-compile: byte-compiling every installed module (aws-cdk-lib's thousands) took a minute of a fresh
-# install; Python compiles the modules it imports on first use instead
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -e '.[local,dev,cdk]'
+	$(PY) -m pip install --quiet -e '.[local,dev,cdk]'
 	touch $(STAMP) $(LOCAL_STAMP)
 
 $(LOCAL_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -e '.[local]'
+	$(PY) -m pip install --quiet -e '.[local]'
 	touch $(LOCAL_STAMP)
 
 ## the local stack with demo jobs (Ctrl-C stops it); ARGS="--tick-seconds 5" to pass options

@@ -27,7 +27,7 @@ run: $(LOCAL_STAMP)
 	$(VENV)/bin/duetime local $(ARGS)
 
 ## the whole suite: unit, integration (moto in-process), end-to-end (the real local stack), and the fault
-## harness with 600 seeds of the deterministic simulation on the SQLite adapters (in a third of the time 200 moto
+## harness with 400 seeds of the deterministic simulation on the SQLite adapters (in a quarter of the time 200 moto
 ## seeds took; `make faults` runs both variants at length, the moto one only there); first the import
 ## contracts (under a second)
 test: $(STAMP)

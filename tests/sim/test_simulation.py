@@ -1,7 +1,7 @@
 """Thousands of seeded worlds, each run with faults and then quiesced, must keep every invariant.
 
 Two variants of one simulation (tests/faults/README.md): on the SQLite adapters (`make test`) and on the AWS
-adapters over moto in-process (`make faults`). ``DUETIME_SIM_SEEDS`` (default 600) sqlite seeds and
+adapters over moto in-process (`make faults`). ``DUETIME_SIM_SEEDS`` (default 400) sqlite seeds and
 ``DUETIME_SIM_AWS_SEEDS`` (default 0: the moto variant is skipped; `make faults` runs 5,000 of each) moto
 seeds, both from ``DUETIME_SIM_BASE`` (default 0), run in chunks of ``DUETIME_SIM_CHUNK`` (default 100 sqlite
 seeds, 25 moto seeds) so ``pytest -n`` spreads them over processes. A failing seed prints its violations, the
@@ -19,7 +19,7 @@ from tests.sim.simulation import Simulation, explain, run_seeds, world
 
 pytestmark = [pytest.mark.sim, pytest.mark.faults]
 
-SEEDS = int(os.environ.get("DUETIME_SIM_SEEDS", "600"))
+SEEDS = int(os.environ.get("DUETIME_SIM_SEEDS", "400"))
 AWS_SEEDS = int(os.environ.get("DUETIME_SIM_AWS_SEEDS", "0"))
 BASE = int(os.environ.get("DUETIME_SIM_BASE", "0"))
 

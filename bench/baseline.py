@@ -98,7 +98,7 @@ def burst(n: int, *, workers: int = 2, timeout: float = 600.0) -> dict[str, Any]
             while len(_finishes) < n and time.monotonic() < deadline:
                 _done.wait(1.0)
         cpu1 = time.process_time()
-        pss = _pss_kib(os.getpid())
+        pss = sysload.pss_kib(os.getpid())
         load1 = sysload.snapshot()
         scheduler.shutdown(wait=True)
 
@@ -122,18 +122,6 @@ def burst(n: int, *, workers: int = 2, timeout: float = 600.0) -> dict[str, Any]
         "machine_before": load0,
         "machine_after": load1,
     }
-
-
-def _pss_kib(pid: int) -> int | None:
-    """``pid``'s proportional set size, KiB (``/proc/<pid>/smaps_rollup``; None if unreadable)."""
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1])
-    return None
 
 
 def run_isolated(n: int, *, workers: int = 2, timeout: float = 600.0) -> dict[str, Any]:

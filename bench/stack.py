@@ -33,6 +33,8 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from bench.sysload import pss_kib
+
 #: fake credentials for the bench's own clients (moto accepts anything)
 FAKE_CREDENTIALS = {
     "aws_access_key_id": "testing",
@@ -101,18 +103,6 @@ class MemorySample:
     total_mb: float
     by_role: dict[str, float] = field(default_factory=dict)
     processes: int = 0
-
-
-def pss_kib(pid: int) -> int | None:
-    """``pid``'s proportional set size in KiB (None if it is gone or unreadable)."""
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1])
-    return None
 
 
 def _role(proc: Any, root_pid: int) -> str | None:

@@ -25,3 +25,16 @@ def snapshot() -> dict[str, Any]:
                 fields = dict(f.split("=", 1) for f in line.split()[1:])
                 out[f"{resource}_pressure_pct"] = float(fields["avg10"])
     return out
+
+
+def pss_kib(pid: int) -> int | None:
+    """``pid``'s proportional set size in KiB (``/proc/<pid>/smaps_rollup``; None if it is gone or
+    unreadable): what a process adds to the machine's memory, its shared pages split among their users."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return None

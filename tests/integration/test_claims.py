@@ -163,16 +163,14 @@ def test_a_tick_claims_many_jobs_at_once_each_exactly_once_and_isolates_a_failin
     assert sum(r.claimed for r in again) == 1 and sum(r.already_claimed for r in again) == 0
 
 
-def test_a_tick_on_sqlite_claims_a_burst_in_batches_of_one_transaction_per_step(
-    tmp_path, monkeypatch
-) -> None:
-    # Given 600 one-off jobs due at one instant in the embedded store, claimed in batches of 250
-    from duetime.adapters.sqlite import db as sqlite_db
+def _sqlite_burst(tmp_path, count: int = 12, *, prefix: str = "f", due_now: bool = True):  # type: ignore[no-untyped-def]
+    """Embedded deps (one shard, claims in batches of 250, a 15 s lookahead) with ``count`` one-off jobs
+    ``<prefix>-000``... of tenant t1 due 30 s after T0; with ``due_now`` the clock is moved 20 s on, so
+    they are within the next tick's lookahead."""
     from duetime.config.deps import sqlite_deps
     from duetime.config.settings import Settings
     from duetime.domain.clock import FixedClock
 
-    clock = FixedClock(T0)
     settings = Settings(
         state_dir=str(tmp_path),
         shard_count=1,
@@ -180,18 +178,30 @@ def test_a_tick_on_sqlite_claims_a_burst_in_batches_of_one_transaction_per_step(
         claim_batch_size=250,
         tick_period_seconds=10,
         tick_margin_seconds=5,
-        tenant_submits_per_minute=1000,
+        tenant_submits_per_minute=max(600, count),
     )
-    deps = sqlite_deps(settings, clock)
+    deps = sqlite_deps(settings, FixedClock(T0))
     due = T0 + timedelta(seconds=30)
-    for i in range(600):
+    for i in range(count):
         request = CreateJobRequest(
-            job_id=f"burst-{i:03d}",
-            name=f"burst {i}",
+            job_id=f"{prefix}-{i:03d}",
+            name=f"{prefix} {i}",
             schedule=ScheduleSpec(expression=f"at({due:%Y-%m-%dT%H:%M:%S})"),
             task=ContainerTask(command=["true"]),
         )
         jobs.create_job(request, tenant="t1", deps=deps)
+    if due_now:
+        deps.clock.advance(20)  # type: ignore[attr-defined]
+    return deps
+
+
+def test_a_tick_on_sqlite_claims_a_burst_in_batches_of_one_transaction_per_step(
+    tmp_path, monkeypatch
+) -> None:
+    # Given 600 one-off jobs due at one instant in the embedded store, claimed in batches of 250
+    from duetime.adapters.sqlite import db as sqlite_db
+
+    deps = _sqlite_burst(tmp_path, 600, prefix="burst", due_now=False)
     commits = 0
     real = sqlite_db.Database.transaction
 
@@ -203,7 +213,7 @@ def test_a_tick_on_sqlite_claims_a_burst_in_batches_of_one_transaction_per_step(
     monkeypatch.setattr(sqlite_db.Database, "transaction", counted)
     # When the shard ticks once the due time is within its lookahead (15 s)
     assert deps.store.list_runs("burst-000") == []
-    clock.advance(20)
+    deps.clock.advance(20)  # type: ignore[attr-defined]
     result = claims.tick(0, deps)
     # Then every job has one PENDING run and one message, the jobs are COMPLETED
     assert (result.claimed, result.already_claimed, result.errors) == (600, 0, 0)
@@ -215,35 +225,6 @@ def test_a_tick_on_sqlite_claims_a_burst_in_batches_of_one_transaction_per_step(
     assert commits <= 3 * 4 + 2
     # And a second tick finds nothing due
     assert claims.tick(0, deps).claimed == 0
-
-
-def _sqlite_burst(tmp_path, count: int = 12):  # type: ignore[no-untyped-def]
-    """Embedded deps with ``count`` one-off jobs of tenant t1 due within the next tick's lookahead."""
-    from duetime.config.deps import sqlite_deps
-    from duetime.config.settings import Settings
-    from duetime.domain.clock import FixedClock
-
-    clock = FixedClock(T0)
-    settings = Settings(
-        state_dir=str(tmp_path),
-        shard_count=1,
-        claim_concurrency=1,
-        claim_batch_size=250,
-        tick_period_seconds=10,
-        tick_margin_seconds=5,
-    )
-    deps = sqlite_deps(settings, clock)
-    due = T0 + timedelta(seconds=30)
-    for i in range(count):
-        request = CreateJobRequest(
-            job_id=f"f-{i:02d}",
-            name=f"f {i}",
-            schedule=ScheduleSpec(expression=f"at({due:%Y-%m-%dT%H:%M:%S})"),
-            task=ContainerTask(command=["true"]),
-        )
-        jobs.create_job(request, tenant="t1", deps=deps)
-    clock.advance(20)
-    return deps
 
 
 def _fail_once(monkeypatch, obj, name: str) -> list[int]:  # type: ignore[no-untyped-def]
@@ -296,7 +277,7 @@ def test_a_batch_whose_runs_cannot_be_written_is_claimed_again_job_by_job(tmp_pa
     # Then the jobs are claimed one by one instead, each once
     assert (result.claimed, result.errors) == (12, 0)
     assert deps.queues.counts("small")["delayed"] == 12  # type: ignore[attr-defined]
-    assert all(len(deps.store.list_runs(f"f-{i:02d}")) == 1 for i in range(12))
+    assert all(len(deps.store.list_runs(f"f-{i:03d}")) == 1 for i in range(12))
 
 
 def test_on_dynamodb_a_write_that_fails_part_way_stops_only_its_own_job(

@@ -46,7 +46,7 @@ from duetime.domain.models import (
     ScheduleSpec,
     Trigger,
 )
-from duetime.domain.ports import QUEUE_MAX_RECEIVE_COUNT, LogStore, RunQueue, Store
+from duetime.domain.ports import QUEUE_MAX_RECEIVE_COUNT, LogStore, RunQueue, RunStart, Store
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
@@ -793,3 +793,65 @@ def test_the_adapters_satisfy_the_ports(tmp_path: Path) -> None:
     [got] = queues.receive("small", wait_seconds=0)
     assert got.message == message_for(run)
     logs.put("logs/ports/x/attempt-1.log", b"ok")
+
+
+# ---- batched transitions: decided before the write lock, written only if unchanged -----------------------
+def _between_read_and_write(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[], None]
+) -> None:
+    """Make ``meanwhile`` happen (through another store on the same file) right after the batch's rows
+    were read, before its transaction takes the write lock."""
+    real = store.db.read
+
+    def read(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        rows = real(sql, params)
+        if "IN (VALUES" in sql:
+            meanwhile()
+        return rows
+
+    monkeypatch.setattr(store.db, "read", read)
+
+
+def test_a_run_started_by_another_process_after_the_batch_read_it_is_not_started_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, other = SqliteStore(tmp_path / "s.sqlite"), SqliteStore(tmp_path / "s.sqlite")
+    run = put_run(store, make_job("cas-start"))
+    _between_read_and_write(store, monkeypatch, lambda: start(other, run, owner="other"))
+    lease = T0 + timedelta(seconds=LEASE)
+    [outcome] = store.start_many([RunStart(run.job_id, T0, 1, "mine", lease, T0, watch_at=lease)])
+    # the snapshot said PENDING; the row changed before the write: decided again on the latest row
+    assert isinstance(outcome, StartRejectedError)
+    stored = store.get_run(run.job_id, T0)
+    assert stored is not None and (stored.lease_owner, stored.fencing_token) == ("other", 1)
+
+
+def test_an_end_after_a_heartbeat_that_came_between_read_and_write_keeps_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, other = SqliteStore(tmp_path / "s.sqlite"), SqliteStore(tmp_path / "s.sqlite")
+    running = start(store, put_run(store, make_job("cas-end")))
+    renewed = T0 + timedelta(seconds=2 * LEASE)
+    _between_read_and_write(
+        store,
+        monkeypatch,
+        lambda: other.heartbeat(running.job_id, T0, fencing_token=1, lease_expires_at=renewed),
+    )
+    [ended] = store.end_attempts([ending(running, RunState.SUCCEEDED, now=T0 + timedelta(seconds=5))])
+    assert not isinstance(ended, Exception) and ended.state is RunState.SUCCEEDED
+    assert store.get_run(running.job_id, T0) == ended
+    # a lease-expiry end decided on the old lease is refused once the heartbeat renewed it
+    monkeypatch.undo()
+    racing = start(store, put_run(store, make_job("cas-expiry")))
+    _between_read_and_write(
+        store,
+        monkeypatch,
+        lambda: other.heartbeat(racing.job_id, T0, fencing_token=1, lease_expires_at=renewed),
+    )
+    expiry = ending(racing, RunState.FAILED, now=T0 + timedelta(seconds=LEASE)).with_fence(
+        lease_expired_by=T0 + timedelta(seconds=LEASE)
+    )
+    [refused] = store.end_attempts([expiry])
+    assert isinstance(refused, LeaseLostError)
+    stored = store.get_run(racing.job_id, T0)
+    assert stored is not None and stored.state is RunState.RUNNING and stored.lease_expires_at == renewed

@@ -42,6 +42,26 @@ def test_worker_runs_the_command_and_stores_its_output(deps: Deps) -> None:
     assert list(deps.store.query_overdue(run.shard, run.due_at.replace(year=2100))) == []
 
 
+def test_a_task_that_prints_nothing_stores_no_log_object_and_reads_as_an_empty_log(deps: Deps) -> None:
+    # Given a run-now job whose command prints nothing, and one that prints a line
+    quiet = _submit(deps, ["true"])
+    chatty = _submit(deps, ["echo", "hi"])
+    # When a worker runs both
+    worker = Worker(deps, "small", owner="w1")
+    assert worker.poll_once() + worker.poll_once() == 2
+    # Then the quiet attempt records a 0-byte log and no object was stored (no PUT); its log reads as ""
+    [run] = deps.store.list_runs(quiet)
+    [attempt] = run.attempts
+    assert (run.state, attempt.log_bytes) == (RunState.SUCCEEDED, 0)
+    assert attempt.log_key is not None and deps.logs.get(attempt.log_key) is None
+    assert jobs.get_run_log(run.run_id, tenant="t1", deps=deps) == ""
+    assert jobs.get_run_log(run.run_id, tenant="t1", deps=deps, attempt=1) == ""
+    # and the other's log is stored and sized
+    [other] = deps.store.list_runs(chatty)
+    assert other.attempts[0].log_bytes == 3
+    assert jobs.get_run_log(other.run_id, tenant="t1", deps=deps) == "hi\n"
+
+
 def test_a_duplicate_message_does_not_start_a_second_attempt(deps: Deps) -> None:
     # Given a run-now job whose wake-up message was delivered twice
     job_id = _submit(deps, ["true"])

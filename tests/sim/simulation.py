@@ -282,6 +282,11 @@ class SimQueue:
                 break
         self.sim.leave_call(self.service, "DeleteMessage", ok=True, write=True)
 
+    def delete_batch(self, tier: str, receipt_handles: list[str]) -> None:
+        """A batch delete: each handle as :meth:`delete` (each its own interleaving and fault point)."""
+        for handle in receipt_handles:
+            self.delete(tier, handle)
+
     def extend_visibility(self, tier: str, receipt_handle: str, seconds: int) -> None:
         try:
             self.sim.enter_call(self.service, "ChangeMessageVisibility", receipt_handle)

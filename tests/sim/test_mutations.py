@@ -8,7 +8,6 @@ variants run in `make test` (a few seeds each); the aws ones under `make faults`
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -18,7 +17,6 @@ import pytest
 
 from duetime.adapters.aws import dynamodb
 from duetime.adapters.sqlite import store as sqlite_store
-from duetime.domain.errors import LeaseLostError
 from duetime.domain.models import RunState
 from duetime.domain.timeutil import to_iso
 from duetime.services import sweeper
@@ -46,29 +44,31 @@ def _patched(target: Any, name: str, replacement: Any) -> Iterator[None]:
 
 
 def _finish_without_fencing(backend: str) -> Any:
-    """Finish and lease expiry check only that the run is RUNNING, not whose lease it is."""
+    """Finish and lease expiry check only that the run is RUNNING, not whose lease it is (in the one place
+    each store builds an attempt end's condition, so single and batched ends alike)."""
     if backend == "aws":
+        original_update = dynamodb.DynamoStore._end_attempt_update  # noqa: SLF001
 
-        def end_attempt(self: Any, end: Any) -> Any:
-            update = self._end_attempt_update(end)
+        def end_attempt_update(self: Any, end: Any) -> Any:
+            update = original_update(self, end)
             update.conditions.pop("fencing_token")
-            try:
-                return self._update_run(end.job_id, end.due_at, update)
-            except dynamodb.ConditionFailedError:
-                raise LeaseLostError("mutant") from None
+            return update
 
-        return _patched(dynamodb.DynamoStore, "end_attempt", end_attempt)
+        return _patched(dynamodb.DynamoStore, "_end_attempt_update", end_attempt_update)
 
-    original = sqlite_store.SqliteStore.end_attempt
+    original_edit = sqlite_store._end_edit  # noqa: SLF001
 
-    def sqlite_end_attempt(self: Any, end: Any) -> Any:
-        # (one actor runs at a time: nothing comes between this read and the write)
-        current = self.get_run(end.job_id, end.due_at)
-        if current is not None and current.state is RunState.RUNNING:
-            end = dataclasses.replace(end, expected_token=current.fencing_token)
-        return original(self, end)
+    def end_edit(end: Any) -> Any:
+        condition, change = original_edit(end)
 
-    return _patched(sqlite_store.SqliteStore, "end_attempt", sqlite_end_attempt)
+        def any_token(row: Any) -> bool:
+            if row.get("state") == RunState.RUNNING.value:
+                row = sqlite_store._RunRow(dict(row.doc, fencing_token=end.expected_token), row.index)  # noqa: SLF001
+            return condition(row)
+
+        return any_token, change
+
+    return _patched(sqlite_store, "_end_edit", end_edit)
 
 
 def _claim_without_condition(backend: str) -> Any:

@@ -106,6 +106,7 @@ def decide_attempt_end(
     error: str | None = None,
     log_key: str | None = None,
     reason: str | None = None,
+    log_bytes: int | None = None,
 ) -> AttemptEnd:
     """Decide how ``run``'s current attempt ends with ``outcome``.
 
@@ -142,6 +143,7 @@ def decide_attempt_end(
         exit_code=exit_code,
         reason=reason,
         log_key=log_key,
+        log_bytes=log_bytes,
     )
     retryable = outcome is RunState.FAILED or (
         outcome is RunState.TIMED_OUT and run.on_timeout.action == "retry"

@@ -669,6 +669,8 @@ class AttemptRecord(StoredModel):
     exit_code: int | None = None
     reason: str | None = None
     log_key: str | None = None
+    #: bytes of the attempt's final log; 0: it printed nothing and no log object was stored (none is read)
+    log_bytes: int | None = None
 
 
 class RunEvent(StoredModel):

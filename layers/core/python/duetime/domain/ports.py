@@ -50,6 +50,25 @@ class JobAdvance:
     missed: int = 0
 
 
+@dataclass(frozen=True)
+class RunStart:
+    """One start of a run's attempt (PENDING at ``attempt``, or RETRY_WAIT at ``attempt - 1`` past its
+    ``retry_at`` -> RUNNING, fencing token + 1), as :meth:`RunStore.start` takes it: ``owner`` holds the lease
+    until ``lease_expires_at``; ``now`` is the start instant (``started_at``, the starting deadline's test);
+    ``deadline_at`` ends the attempt's time (its timeout); ``watch_at`` is when the sweeper looks (default the
+    lease's end); ``running_tenant`` counts the run under its tenant's RUNNING quota. Instants UTC."""
+
+    job_id: str
+    due_at: datetime
+    attempt: int
+    owner: str
+    lease_expires_at: datetime
+    now: datetime
+    deadline_at: datetime | None = None
+    watch_at: datetime | None = None
+    running_tenant: str | None = None
+
+
 class JobStore(Protocol):
     """Jobs, their claims, and the per-tenant counters and shard leases kept beside them."""
 
@@ -181,6 +200,13 @@ class RunStore(Protocol):
         fencing token raised by one; refused for a held run and for attempt 1 past its starting deadline.
         Raises StartRejectedError otherwise."""
 
+    def start_many(self, starts: Sequence[RunStart]) -> list[Run | Exception]:
+        """:meth:`start` of several runs (a worker's poll): for each, in order, the run as now stored
+        (RUNNING) or the error its own ``start`` would raise (StartRejectedError; on DynamoDB also a fault
+        of that item's request, its write unknown). Each is conditional on its own; the embedded store
+        applies them in one transaction (a fault of it raises, and none was applied), DynamoDB in one
+        conditional UpdateItem each."""
+
     def heartbeat(
         self,
         job_id: str,
@@ -195,6 +221,20 @@ class RunStore(Protocol):
     def end_attempt(self, end: AttemptEnd) -> Run:
         """Apply ``end`` while the run is RUNNING under ``end.expected_token`` (and, with
         ``end.lease_expired_by``, its lease expired by then). Raises LeaseLostError otherwise."""
+
+    def end_attempts(self, ends: Sequence[AttemptEnd]) -> list[Run | Exception]:
+        """:meth:`end_attempt` of several runs (a worker's finished tasks): for each, in order, the run as
+        now stored or the error its own ``end_attempt`` would raise (LeaseLostError; on DynamoDB also a
+        fault of that item's request). The embedded store applies them in one transaction (a fault of it
+        raises, and none was applied), DynamoDB in one conditional UpdateItem each."""
+
+    def start_and_end(
+        self, starts: Sequence[RunStart], ends: Sequence[AttemptEnd]
+    ) -> tuple[list[Run | Exception], list[Run | Exception]]:
+        """:meth:`end_attempts` of ``ends`` and :meth:`start_many` of ``starts`` together (a worker
+        session's writes of one moment): (the starts' outcomes, the ends' outcomes), each as those methods
+        give them. The embedded store applies all of them in one transaction (one commit), DynamoDB in one
+        conditional UpdateItem each."""
 
     def skip_pending(
         self, job_id: str, due_at: datetime, *, attempt: int, reason: str, now: datetime
@@ -301,6 +341,12 @@ class RunQueue(Protocol):
 
     def delete(self, tier: str, receipt_handle: str) -> None:
         """Delete a delivery (an expired handle is ignored: another receiver has it now)."""
+
+    def delete_batch(self, tier: str, receipt_handles: Sequence[str]) -> None:
+        """:meth:`delete` of several deliveries (SQS: DeleteMessageBatch, 10 a request; the embedded queue:
+        one transaction). Stale handles are ignored, as by ``delete``; a fault raises after every request
+        was tried (a delivery left undeleted comes back after its visibility timeout, and its start is
+        refused)."""
 
     def extend_visibility(self, tier: str, receipt_handle: str, seconds: int) -> None:
         """Keep a delivery hidden ``seconds`` more (best effort)."""

@@ -297,11 +297,17 @@ class _Recorder:
                     items=int("Item" in parsed), read_bytes=size, rru=read_units(size, consistent=consistent)
                 )
             elif op == "BatchGetItem":
-                sizes = [item_size(i) for items in parsed.get("Responses", {}).values() for i in items]
+                # each table's reads are strongly consistent or not as its RequestItems entry says
+                requested = params.get("RequestItems") or {}
+                sized = [
+                    (item_size(i), bool((requested.get(table) or {}).get("ConsistentRead")))
+                    for table, items in parsed.get("Responses", {}).items()
+                    for i in items
+                ]
                 out.update(
-                    items=len(sizes),
-                    read_bytes=sum(sizes),
-                    rru=sum(read_units(s, consistent=False) for s in sizes),
+                    items=len(sized),
+                    read_bytes=sum(s for s, _ in sized),
+                    rru=sum(read_units(s, consistent=c) for s, c in sized),
                 )
             else:
                 items = parsed.get("Items", [])

@@ -187,10 +187,14 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
     # every ended attempt, with the key its worker wrote to: recorded, or (a lost worker's attempt recorded
     # without one) the key it streams under anyway
     keys = {a.attempt: a.log_key or log_key(run.job_id, run_id, a.attempt) for a in run.attempts}
+    # attempts that printed nothing: their worker stored no object (nothing to read)
+    empty = {a.attempt for a in run.attempts if a.log_bytes == 0}
     # the attempt being run has no record yet; its worker streams under its key
     running = run.attempt if run.state is RunState.RUNNING and run.attempt not in keys else None
 
-    def read(key: str) -> str | None:
+    def read(key: str, number: int | None = None) -> str | None:
+        if number in empty:
+            return ""
         data = deps.logs.get(key)
         return data.decode("utf-8", errors="replace") if data is not None else None
 
@@ -203,14 +207,14 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
             if attempt == run.attempt:
                 return ""  # the current attempt has not started (PENDING)
             raise NotFoundError("log of attempt", f"{run_id}#{attempt}")
-        text = read(keys[attempt])
+        text = read(keys[attempt], attempt)
         if text is None:
             raise NotFoundError("log of attempt", f"{run_id}#{attempt}")
         return text
     if running is not None:
         return read(log_key(run.job_id, run_id, running)) or ""
     for number in sorted(keys, reverse=True):
-        text = read(keys[number])
+        text = read(keys[number], number)
         if text is not None:
             return text
     return ""

@@ -10,7 +10,7 @@ Every transition is one conditional write through the run store port (:class:`du
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from aws_lambda_powertools.metrics import MetricUnit
@@ -32,6 +32,7 @@ from duetime.domain.lifecycle import (
     INTERRUPTED_REASON,
     MAX_FREE_INTERRUPTIONS,
     MAX_MESSAGE_DELAY_SECONDS,
+    AttemptEnd,
     decide_attempt_end,
     delay_seconds,
     message_for,
@@ -39,6 +40,7 @@ from duetime.domain.lifecycle import (
 )
 from duetime.domain.logs import log_key
 from duetime.domain.models import AttemptRecord, Job, JobState, Run, RunMessage, RunState
+from duetime.domain.ports import RunStart
 from duetime.services.deps import Deps
 
 __all__ = ["FINISH_STATES", "INTERRUPTED_REASON", "MAX_FREE_INTERRUPTIONS"]
@@ -62,7 +64,7 @@ def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float |
     For a job with an overlap policy (``message.overlap``), the job's earlier active runs are looked up
     first (active-runs GSI) and the policy applied: the run may be SKIPPED, left waiting (PENDING; a
     predecessor's end or the sweeper wakes it), or start after CANCELLING its predecessors. An attempt 1
-    past its starting deadline is SKIPPED.
+    past its starting deadline is SKIPPED. (:func:`start_many` of one message.)
 
     Args:
         message: the queue message (job id, due time, attempt).
@@ -77,43 +79,153 @@ def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float |
         StartRejectedError: the run is not PENDING at that attempt (a duplicate, stale or early message), or
             (``NotStartedError``) the policy kept it from starting. Either way: drop the message.
     """
+    [started] = start_many([message], deps, owner=owner, lease_seconds=lease_seconds)
+    if isinstance(started, Exception):
+        raise started
+    return started
+
+
+def start_many(
+    messages: Sequence[RunMessage], deps: Deps, *, owner: str, lease_seconds: float | None = None
+) -> list[Run | Exception]:
+    """:func:`start` of each of ``messages`` (a worker's poll), with one read of their jobs and one
+    conditional write of each (one transaction on the embedded store: :meth:`RunStore.start_many`).
+
+    Returns:
+        For each message, in order: the run as now stored (RUNNING under the caller's new token), or the
+        error its own ``start`` would raise (StartRejectedError / NotStartedError: drop the message), or a
+        fault of the store or the queue (the message comes back after its visibility timeout).
+    """
+    return start_and_finish(messages, (), deps, owner=owner, lease_seconds=lease_seconds)[0]
+
+
+def start_and_finish(
+    messages: Sequence[RunMessage],
+    finishes: Sequence[Finish],
+    deps: Deps,
+    *,
+    owner: str,
+    lease_seconds: float | None = None,
+) -> tuple[list[Run | Exception], list[Run | Exception]]:
+    """A worker session's writes of one moment: :func:`start_many` of ``messages`` and
+    :func:`finish_many` of ``finishes``, their conditional writes applied together (one transaction, one
+    commit on the embedded store: :meth:`RunStore.start_and_end`; on DynamoDB one request each).
+
+    Returns:
+        (the starts' outcomes, the finishes' outcomes), each as :func:`start_many` and :func:`finish_many`
+        give them.
+    """
     now = deps.clock.now()
-    if message.attempt == 1:
-        _admit(message, deps, now)
-    if message.overlap:
-        _apply_overlap(message, deps)
-    limit = deps.settings.tenant_max_running
-    if (
-        limit is not None
-        and message.tenant
-        and message.tier
-        and deps.store.count_running(message.tenant) >= limit
-    ):
-        # the tenant is at its concurrency quota: look again shortly (the run stays PENDING, watched)
-        deps.queues.send(message.tier, message, delay=TENANT_BUSY_RETRY_SECONDS)
-        raise NotStartedError(
-            f"tenant {message.tenant!r} has {limit} runs RUNNING, its quota; run {message.run_id} waits"
-        )
-    lease_expires_at = now + timedelta(seconds=lease_seconds or deps.settings.lease_seconds)
-    deadline_at = (
-        now + timedelta(seconds=message.timeout_seconds) if message.timeout_seconds is not None else None
-    )
-    watch_at = lease_expires_at
-    if deadline_at is not None:
-        watch_at = min(watch_at, handler_due_at(deadline_at, message.kill_grace_seconds, deps))
+    started, planned_starts = _plan_starts(messages, deps, now, owner=owner, lease_seconds=lease_seconds)
+    ended, planned_ends = _plan_ends(finishes, deps, now)
+    starts = [item for _, item in planned_starts]
+    ends = [end for _, end in planned_ends]
+    start_outcomes: list[Run | Exception]
+    end_outcomes: list[Run | Exception]
     try:
-        started = deps.store.start(
-            message.job_id,
-            message.due_at,
-            attempt=message.attempt,
-            owner=owner,
-            lease_expires_at=lease_expires_at,
-            now=now,
-            deadline_at=deadline_at,
-            watch_at=watch_at,
-            running_tenant=message.tenant if limit is not None else None,
+        if starts and ends:
+            start_outcomes, end_outcomes = deps.store.start_and_end(starts, ends)
+        else:
+            start_outcomes = deps.store.start_many(starts) if starts else []
+            end_outcomes = deps.store.end_attempts(ends) if ends else []
+    except Exception as exc:  # noqa: BLE001 - none was applied: each planned write's outcome is this fault
+        start_outcomes, end_outcomes = [exc] * len(starts), [exc] * len(ends)
+    _after_ends(finishes, planned_ends, end_outcomes, ended, deps, now)
+    _after_starts(messages, planned_starts, start_outcomes, started, deps, now)
+    return _filled(started), _filled(ended)
+
+
+def _filled(results: list[Run | Exception | None]) -> list[Run | Exception]:
+    return [r if r is not None else RuntimeError("no outcome") for r in results]
+
+
+def _plan_starts(
+    messages: Sequence[RunMessage], deps: Deps, now: datetime, *, owner: str, lease_seconds: float | None
+) -> tuple[list[Run | Exception | None], list[tuple[int, RunStart]]]:
+    """The checks before the starts' writes (admission against the jobs, read at once; overlap; the
+    tenant's RUNNING quota): the outcomes decided already (None: to be written) and the writes planned."""
+    results: list[Run | Exception | None] = [None] * len(messages)
+    firsts = [m.job_id for m in messages if m.attempt == 1]
+    jobs: dict[str, Job] = {}
+    jobs_fault: Exception | None = None
+    try:
+        jobs = deps.store.get_jobs(firsts) if firsts else {}
+    except Exception as exc:  # noqa: BLE001 - every first attempt's outcome is this fault
+        jobs_fault = exc
+    limit = deps.settings.tenant_max_running
+    lease = timedelta(seconds=lease_seconds or deps.settings.lease_seconds)
+    planned: list[tuple[int, RunStart]] = []
+    for i, message in enumerate(messages):
+        try:
+            if message.attempt == 1:
+                if jobs_fault is not None:
+                    raise jobs_fault
+                _admit(message, deps, now, jobs.get(message.job_id))
+            if message.overlap:
+                _apply_overlap(message, deps)
+            if (
+                limit is not None
+                and message.tenant
+                and message.tier
+                and deps.store.count_running(message.tenant) >= limit
+            ):
+                # the tenant is at its concurrency quota: look again shortly (the run stays PENDING, watched)
+                deps.queues.send(message.tier, message, delay=TENANT_BUSY_RETRY_SECONDS)
+                raise NotStartedError(
+                    f"tenant {message.tenant!r} has {limit} runs RUNNING, its quota; run {message.run_id} waits"
+                )
+        except Exception as exc:  # noqa: BLE001 - this message's outcome; the others go on
+            results[i] = exc
+            continue
+        lease_expires_at = now + lease
+        deadline_at = (
+            now + timedelta(seconds=message.timeout_seconds) if message.timeout_seconds is not None else None
         )
-    except StartRejectedError:
+        watch_at = lease_expires_at
+        if deadline_at is not None:
+            watch_at = min(watch_at, handler_due_at(deadline_at, message.kill_grace_seconds, deps))
+        planned.append(
+            (
+                i,
+                RunStart(
+                    message.job_id,
+                    message.due_at,
+                    message.attempt,
+                    owner,
+                    lease_expires_at,
+                    now,
+                    deadline_at=deadline_at,
+                    watch_at=watch_at,
+                    running_tenant=message.tenant if limit is not None else None,
+                ),
+            )
+        )
+    return results, planned
+
+
+def _after_starts(
+    messages: Sequence[RunMessage],
+    planned: list[tuple[int, RunStart]],
+    outcomes: list[Run | Exception],
+    results: list[Run | Exception | None],
+    deps: Deps,
+    now: datetime,
+) -> None:
+    for (i, _), outcome in zip(planned, outcomes, strict=True):
+        if isinstance(outcome, StartRejectedError):
+            outcome = _rejected(messages[i], deps, now, outcome)
+        elif isinstance(outcome, Run) and outcome.attempt == 1 and outcome.started_at is not None:
+            # schedule lag, the "on time" promise: start minus due time of a run's first attempt (DESIGN.md 10)
+            emit_metric(
+                "ScheduleLag", (outcome.started_at - outcome.due_at).total_seconds(), MetricUnit.Seconds
+            )
+        results[i] = outcome
+
+
+def _rejected(message: RunMessage, deps: Deps, now: datetime, rejection: StartRejectedError) -> Exception:
+    """A refused start: an attempt 1 still PENDING past its starting deadline is SKIPPED (NotStartedError);
+    anything else keeps ``rejection`` (a duplicate, stale or early message)."""
+    try:
         run = deps.store.get_run(message.job_id, message.due_at)
         if (
             run is not None
@@ -123,16 +235,15 @@ def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float |
             and now > run.start_deadline_at
         ):
             skip(run, deps, reason="starting_deadline_exceeded")
-            raise NotStartedError(f"run {run.run_id} missed its starting deadline") from None
-        raise
-    if started.attempt == 1 and started.started_at is not None:
-        # schedule lag, the "on time" promise: start minus due time of a run's first attempt (DESIGN.md 10)
-        emit_metric("ScheduleLag", (started.started_at - started.due_at).total_seconds(), MetricUnit.Seconds)
-    return started
+            return NotStartedError(f"run {run.run_id} missed its starting deadline")
+    except Exception as exc:  # noqa: BLE001 - the message's outcome is this fault
+        return exc
+    return rejection
 
 
-def _admit(message: RunMessage, deps: Deps, now: datetime) -> None:
-    """Re-check a first attempt against its job as it is now (:func:`duetime.domain.admission.admit`).
+def _admit(message: RunMessage, deps: Deps, now: datetime, job: Job | None) -> None:
+    """Re-check a first attempt against its job as it is now (``job``, just read; None: deleted):
+    :func:`duetime.domain.admission.admit`.
 
     Raises:
         NotStartedError: the run was SKIPPED (deleted, schedule_changed, missed) or held (paused).
@@ -143,7 +254,6 @@ def _admit(message: RunMessage, deps: Deps, now: datetime) -> None:
         if row is None or row.state is not RunState.PENDING:
             return  # the conditional start rejects it
         trigger = row.trigger
-    job = deps.store.get_job(message.job_id)
     verdict = admit(
         job=job,
         due_at=message.due_at,
@@ -441,6 +551,23 @@ def heartbeat(run: Run, deps: Deps, *, fencing_token: int) -> Run:
     )
 
 
+@dataclass(frozen=True)
+class Finish:
+    """The end of a run's current attempt as its executor saw it (:func:`finish`'s arguments)."""
+
+    run: Run
+    fencing_token: int
+    outcome: RunState
+    exit_code: int | None = None
+    error: str | None = None
+    log_key: str | None = None
+    reason: str | None = None
+    result_json: str | None = None
+    result_truncated: bool = False
+    #: bytes of the attempt's final log (0: empty, none was stored); None: not known
+    log_bytes: int | None = None
+
+
 def finish(
     run: Run,
     deps: Deps,
@@ -454,7 +581,7 @@ def finish(
     result_json: str | None = None,
     result_truncated: bool = False,
 ) -> Run:
-    """Record the end of the current attempt under ``fencing_token``.
+    """Record the end of the current attempt under ``fencing_token`` (:func:`finish_many` of one).
 
     A FAILED attempt with attempts left goes to RETRY_WAIT (its wake-up is sent delayed by the backoff);
     without attempts left the run ends FAILED with ``dead_lettered`` set. A TIMED_OUT attempt follows the
@@ -479,41 +606,112 @@ def finish(
         ValueError: if ``outcome`` is not a finish state.
         LeaseLostError: the token is stale; nothing was applied and the rejection is recorded on the run.
     """
-    if outcome not in FINISH_STATES:
-        raise ValueError(f"cannot finish a run as {outcome}")
-    now = deps.clock.now()
-    end = replace(
-        decide_attempt_end(
-            run,
-            outcome=outcome,
-            now=now,
-            fencing_token=fencing_token,
-            pending_grace_seconds=deps.settings.pending_grace_seconds,
-            worker=run.lease_owner,
-            exit_code=exit_code,
-            error=error,
-            log_key=log_key,
-            reason=reason,
-        ),
-        result_json=result_json,
-        result_truncated=result_truncated,
+    [ended] = finish_many(
+        [
+            Finish(
+                run,
+                fencing_token,
+                outcome,
+                exit_code=exit_code,
+                error=error,
+                log_key=log_key,
+                reason=reason,
+                result_json=result_json,
+                result_truncated=result_truncated,
+            )
+        ],
+        deps,
     )
+    if isinstance(ended, Exception):
+        raise ended
+    return ended
+
+
+def finish_many(finishes: Sequence[Finish], deps: Deps) -> list[Run | Exception]:
+    """:func:`finish` of each of ``finishes`` (a worker's tasks that ended together): one conditional write
+    of each (one transaction on the embedded store: :meth:`RunStore.end_attempts`), then what follows each
+    end (:func:`after_attempt_end`: a retry's wake-up, a timeout's triggered run; a failure there is logged
+    and left to the sweeper, the end stands).
+
+    Returns:
+        For each, in order: the run as now stored, or the error its own ``finish`` would raise (ValueError,
+        LeaseLostError: recorded on the run, nothing applied), or a fault of the store (unknown whether it
+        was applied: the sweeper settles the run once its lease expires).
+    """
+    return start_and_finish((), finishes, deps, owner="")[1]
+
+
+def _plan_ends(
+    finishes: Sequence[Finish], deps: Deps, now: datetime
+) -> tuple[list[Run | Exception | None], list[tuple[int, AttemptEnd]]]:
+    """How each attempt ends (:func:`decide_attempt_end`): the outcomes decided already (None: to be
+    written) and the writes planned."""
+    results: list[Run | Exception | None] = [None] * len(finishes)
+    planned: list[tuple[int, AttemptEnd]] = []
+    for i, item in enumerate(finishes):
+        if item.outcome not in FINISH_STATES:
+            results[i] = ValueError(f"cannot finish a run as {item.outcome}")
+            continue
+        end = replace(
+            decide_attempt_end(
+                item.run,
+                outcome=item.outcome,
+                now=now,
+                fencing_token=item.fencing_token,
+                pending_grace_seconds=deps.settings.pending_grace_seconds,
+                worker=item.run.lease_owner,
+                exit_code=item.exit_code,
+                error=item.error,
+                log_key=item.log_key,
+                reason=item.reason,
+                log_bytes=item.log_bytes,
+            ),
+            result_json=item.result_json,
+            result_truncated=item.result_truncated,
+        )
+        planned.append((i, end))
+    return results, planned
+
+
+def _after_ends(
+    finishes: Sequence[Finish],
+    planned: list[tuple[int, AttemptEnd]],
+    outcomes: list[Run | Exception],
+    results: list[Run | Exception | None],
+    deps: Deps,
+    now: datetime,
+) -> None:
+    for (i, _), outcome in zip(planned, outcomes, strict=True):
+        item = finishes[i]
+        if isinstance(outcome, LeaseLostError):
+            _record_stale_finish(item, deps, now)
+        elif isinstance(outcome, Run):
+            try:
+                after_attempt_end(outcome, deps)
+            except Exception:  # noqa: BLE001 - the end stands; the sweeper sends what did not go out
+                logger.exception("after the attempt's end", extra={"run_id": outcome.run_id})
+        results[i] = outcome
+
+
+def _record_stale_finish(item: Finish, deps: Deps, now: datetime) -> None:
+    run = item.run
     try:
-        ended = deps.store.end_attempt(end)
-    except LeaseLostError:
         deps.store.record_event(
             run.job_id,
             run.due_at,
             {
                 "at": now,
                 "kind": "stale_finish_rejected",
-                "detail": {"fencing_token": fencing_token, "attempt": run.attempt, "outcome": outcome.value},
+                "detail": {
+                    "fencing_token": item.fencing_token,
+                    "attempt": run.attempt,
+                    "outcome": item.outcome.value,
+                },
             },
         )
-        logger.warning("stale finish rejected", extra={"run_id": run.run_id, "fencing_token": fencing_token})
-        raise
-    after_attempt_end(ended, deps)
-    return ended
+    except Exception:  # noqa: BLE001 - the rejection stands; only its record is missing
+        logger.exception("recording a stale finish failed", extra={"run_id": run.run_id})
+    logger.warning("stale finish rejected", extra={"run_id": run.run_id, "fencing_token": item.fencing_token})
 
 
 def after_attempt_end(run: Run, deps: Deps) -> None:

@@ -2,16 +2,23 @@
 locally).
 
 Each run: pull a message from the tier's queue ([S0] pull, not push) -> start the run (PENDING -> RUNNING,
-new fencing token) -> run the task's command in its own process group -> heartbeat every
-``heartbeat_seconds`` while it runs, streaming new output to the log store as chunks (:class:`LiveLog`) ->
-enforce ``timeout_seconds`` (SIGTERM to the group, ``kill_grace_seconds``, SIGKILL) -> upload the whole
-stdout+stderr to S3 and delete the chunks -> finish under the fencing token -> delete the message.
+new fencing token) -> run the task's command in its own process group (its exit seen at once, through a
+pidfd) -> heartbeat every ``heartbeat_seconds`` while it runs, streaming new output to the log store as
+chunks (:class:`LiveLog`) -> enforce ``timeout_seconds`` (SIGTERM to the group, ``kill_grace_seconds``,
+SIGKILL) -> upload the whole stdout+stderr to S3 (nothing when the task printed nothing: the attempt
+records ``log_bytes`` 0) and delete the chunks -> finish under the fencing token -> delete the message.
+
+Writes: the starts of a poll and the ends of the attempts that ended meanwhile are applied together by the
+worker's session thread (one transaction and one commit on the embedded store; one conditional write each
+on DynamoDB), and their messages deleted in one batch (DeleteMessageBatch), so a burst of short runs costs a
+few writes per poll instead of four per run.
 
 Slots: a worker process runs up to ``slots`` tasks at once (``--slots``; default per tier, :data:`DEFAULT_SLOTS`:
 small 4, medium 2, large 1). :meth:`Worker.run_forever` is one receive loop that asks the queue for up to
-its free slots' worth of messages per poll (at most 10, SQS's limit) and hands each to a slot thread, which
-runs it end to end as above with its own fencing token, heartbeat, visibility extension and log stream; the
-loop polls again as soon as a slot frees up. Every slot's run has the process's owner id as its lease owner
+its free slots' worth of messages per poll (at most 10, SQS's limit), has the session thread start them,
+and hands each started run to a slot's thread (kept for the slot's next runs), which runs its task as above
+with its own fencing token, heartbeat, visibility extension and log stream; the loop polls again as soon as
+a slot frees up. Every slot's run has the process's owner id as its lease owner
 (:func:`worker_id`). On AWS the tasks of a worker share its Fargate task's CPU and memory (the tier's
 ``cpu``/``memory_mib``): the defaults assume small tasks are light, and a tier whose tasks need the whole
 container should run with ``--slots 1``. :meth:`Worker.poll_once` (tests, the simulation) takes at most one
@@ -32,7 +39,10 @@ poll brought, waits for its slots and returns. A hand-back that cannot reach AWS
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import queue
+import select
 import signal
 import socket
 import subprocess
@@ -40,7 +50,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -52,7 +62,7 @@ from duetime.domain.models import ContainerTask, Run, RunState
 from duetime.domain.ports import QUEUE_VISIBILITY_SECONDS, LogStore, ReceivedMessage
 from duetime.domain.timeutil import to_iso
 from duetime.services.deps import Deps
-from duetime.services.runs import finish, heartbeat, start
+from duetime.services.runs import Finish, heartbeat, start_and_finish
 
 #: Largest log uploaded per attempt, bytes; longer output keeps its head and tail.
 MAX_LOG_BYTES = 4 * 1024 * 1024
@@ -79,6 +89,9 @@ PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME
 DEFAULT_SLOTS: dict[str, int] = {"small": 4, "medium": 2, "large": 1}
 #: The most messages one receive asks for (SQS's limit)
 MAX_RECEIVE_MESSAGES = 10
+#: The most requests (a poll's starts, an ended attempt) the session thread applies in one write (one
+#: transaction on the embedded store)
+MAX_WRITE_BATCH = 50
 #: How often the receive loop looks for a free slot (or the stop flag) while every slot is busy, seconds
 SLOT_WAIT_SECONDS = 0.1
 
@@ -91,6 +104,31 @@ class TaskOutcome:
     timed_out: bool
     lease_lost: bool
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """An attempt a slot ran to its end: its delivery, how to record it (None: its lease was lost, only
+    the message is deleted) and the task's outcome."""
+
+    received: ReceivedMessage
+    finish: Finish | None
+    outcome: TaskOutcome
+
+
+@dataclass
+class _Starts:
+    """A poll's messages to start, handed to the session thread; ``outcomes`` (one per message, as
+    :func:`start_many` gives them) are set before ``done``."""
+
+    received: list[ReceivedMessage]
+    outcomes: list[Run | Exception] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def outcome_run_id(message: ReceivedMessage) -> str | None:
+    """The run id of a delivery, for log lines (None: not a run message)."""
+    return message.message.run_id if message.message is not None else None
 
 
 class StopFlag:
@@ -192,9 +230,10 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def task_env(run: Run) -> dict[str, str]:
-    """The task's environment: a few of the worker's variables, the task's ``env``, and the DUETIME_* ids."""
-    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+def task_env(run: Run, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The task's environment: a few of the worker's variables (``base``: those of :data:`PASSED_ENV` it
+    has, read once by the caller; default: read now), the task's ``env``, and the DUETIME_* ids."""
+    env = dict(base) if base is not None else {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     if isinstance(run.task, ContainerTask):
         env.update(run.task.env)
     env.update(
@@ -207,6 +246,48 @@ def task_env(run: Run) -> dict[str, str]:
     if run.triggered_by:
         env["DUETIME_TRIGGERED_BY"] = run.triggered_by
     return env
+
+
+class ExitWaiter:
+    """Waits for a child process to exit, woken the moment it does.
+
+    ``Popen.wait(timeout)`` polls with sleeps that double up to 50 ms, so a task that takes 4 ms is seen to
+    have ended at about 7.5 ms, and a burst of short tasks spends most of its slots' time asleep. On Linux
+    (5.3+) this waits on the process's pidfd (``os.pidfd_open``) with ``select.poll`` instead; elsewhere
+    it falls back to ``Popen.wait``. The pidfd is closed once the exit was seen (or when the object goes).
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self._fd: int | None = None
+        self._poller: select.poll | None = None
+        try:
+            self._fd = os.pidfd_open(proc.pid)
+            self._poller = select.poll()
+            self._poller.register(self._fd, select.POLLIN)
+        except (AttributeError, OSError):  # no pidfd here (or the child was reaped): Popen's own wait
+            self._close()
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code once the process has exited (waiting up to ``timeout`` seconds), else None."""
+        if self._poller is not None and self.proc.returncode is None:
+            if not self._poller.poll(max(0, math.ceil(timeout * 1000))):
+                return None
+            self._close()
+            return self.proc.wait()
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd, self._poller = None, None
+
+    def __del__(self) -> None:
+        self._close()
 
 
 def kill_group(proc: subprocess.Popen[bytes], grace_seconds: float) -> None:
@@ -247,10 +328,22 @@ class Slot:
     and frees slots under :attr:`Worker._slots_lock`.
     """
 
-    __slots__ = ("busy", "failures", "index", "live", "task", "task_ended_at", "task_killing", "thread")
+    __slots__ = (
+        "busy",
+        "failures",
+        "inbox",
+        "index",
+        "live",
+        "task",
+        "task_ended_at",
+        "task_killing",
+        "thread",
+    )
 
     def __init__(self, index: int) -> None:
         self.index = index
+        #: the started runs handed to the slot's thread by the receive loop (None: the thread exits)
+        self.inbox: queue.SimpleQueue[tuple[Run, ReceivedMessage] | None] = queue.SimpleQueue()
         #: taken by the receive loop for a message, until its thread is done with it
         self.busy = False
         #: the running task's process, None between tasks
@@ -261,7 +354,8 @@ class Slot:
         self.task_killing = False
         #: the running attempt's log stream (set by _execute around _run_task)
         self.live: LiveLog | None = None
-        #: the thread working on the slot's message (run_forever)
+        #: the slot's thread (run_forever), started with its first run and kept for the next ones (its
+        #: store connections with it)
         self.thread: threading.Thread | None = None
         #: failed deliveries in a row (an AWS error escaped), for the slot's backoff
         self.failures = 0
@@ -292,14 +386,27 @@ class Worker:
         self._freed = threading.Event()
         #: the slot of the calling thread (a slot thread's own; slot 0 for poll_once's caller)
         self._here = threading.local()
+        #: the worker's variables passed to every task (PASSED_ENV), read once
+        self._base_env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+        #: the writes waiting for the session thread (run_forever): the polls' starts, the slots' ends
+        #: (None: it exits)
+        self._writes: queue.SimpleQueue[_Starts | _Ended | None] = queue.SimpleQueue()
 
     # ---- the receive loop ------------------------------------------------------------------------------
     def run_forever(self, *, wait_seconds: int = 2) -> None:
-        """Poll and process until :meth:`stop` (or SIGTERM via the CLI), up to :attr:`slots` runs at once:
-        each poll asks for as many messages as there are free slots (at most 10) and gives each to a slot
-        thread. Transient AWS errors back off. Told to stop, it waits for its slots (each hands its run
-        back) and returns."""
+        """Poll and process until :meth:`stop` (or SIGTERM via the CLI), up to :attr:`slots` runs at once.
+
+        Each poll asks for as many messages as there are free slots (at most 10); a slot's thread runs its
+        task and hands the ended attempt on. Every write of the worker's runs goes through its session
+        thread (:meth:`_session_loop`), which takes whatever is waiting (the polls' starts, the slots'
+        ends) and applies it together (:func:`duetime.services.runs.start_and_finish`: one transaction,
+        one commit, on the embedded store), then deletes the ended and dropped messages in one batch: a
+        burst of short runs costs a few writes per poll, not four per run. Transient AWS errors back off.
+        Told to stop, it waits for its slots (each hands its run back), lets the session thread record
+        what is left, and returns."""
         failures = 0
+        session = threading.Thread(target=self._session_loop, name="session", daemon=True)
+        session.start()
         try:
             while not self.stopping.is_set():
                 free = self._free_slots()
@@ -313,6 +420,13 @@ class Worker:
                         max_messages=min(len(free), MAX_RECEIVE_MESSAGES),
                         wait_seconds=wait_seconds,
                     )
+                    if self.stopping.is_set():
+                        # told to stop while the poll was out: never start a task only to stop it at once;
+                        # the messages go back to the queue for another worker
+                        for message in received:
+                            self._give_back(message)
+                        break
+                    self._start_and_dispatch(received, free)
                     failures = 0
                 except Exception as exc:  # noqa: BLE001 - a worker must outlive transient faults
                     failures += 1
@@ -320,61 +434,122 @@ class Worker:
                         break  # told to stop meanwhile (the stack going down took the endpoint with it)
                     self._log_failure("worker poll failed", exc)
                     self.stopping.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
-                    continue
-                for message in received:
-                    slot = free.pop(0) if free and not self.stopping.is_set() else None
-                    if slot is None:
-                        # told to stop while the poll was out (or more came than asked for): never start a
-                        # task only to stop it at once; the message goes back to the queue for another worker
-                        self._give_back(message)
-                        continue
-                    self._dispatch(slot, message)
         finally:
             self._wait_for_slots()
+            self._writes.put(None)
+            while session.is_alive():
+                session.join(0.2)
+
+    def _start_and_dispatch(self, received: list[ReceivedMessage], free: list[Slot]) -> None:
+        """Start the runs of one poll (through the session thread, with whatever else it has to write) and
+        give each started run a free slot; the session deletes the duplicate and stale messages. A fault
+        of the start leaves the messages to come back after their visibility timeout (raised after the
+        others were handled, for the loop's backoff)."""
+        for poison in received:
+            if poison.message is None:
+                # not a run message: leave it; the queue moves it to the tier's DLQ after maxReceiveCount
+                logger.error("poison message", extra={"tier": self.tier, "body": poison.body[:500]})
+        request = _Starts([r for r in received if r.message is not None])
+        if not request.received:
+            return
+        self._writes.put(request)
+        request.done.wait()
+        fault: Exception | None = None
+        for message, outcome in zip(request.received, request.outcomes, strict=True):
+            if isinstance(outcome, Run):
+                self._dispatch(free.pop(0), outcome, message)
+            elif not isinstance(outcome, StartRejectedError):
+                fault = fault or outcome
+        if fault is not None:
+            raise fault
 
     def _free_slots(self) -> list[Slot]:
         with self._slots_lock:
             return [slot for slot in self._slots if not slot.busy]
 
-    def _dispatch(self, slot: Slot, message: ReceivedMessage) -> None:
+    def _dispatch(self, slot: Slot, run: Run, message: ReceivedMessage) -> None:
         with self._slots_lock:
             slot.busy = True
-        thread = threading.Thread(
-            target=self._run_slot, args=(slot, message), name=f"slot-{slot.index}", daemon=True
-        )
-        slot.thread = thread
-        try:
-            thread.start()
-        except BaseException:
-            with self._slots_lock:
-                slot.busy, slot.thread = False, None
-            self._give_back(message)
-            raise
+        if slot.thread is None:
+            thread = threading.Thread(
+                target=self._slot_loop, args=(slot,), name=f"slot-{slot.index}", daemon=True
+            )
+            try:
+                thread.start()
+            except BaseException:
+                with self._slots_lock:
+                    slot.busy = False
+                self._give_back(message)
+                raise
+            slot.thread = thread
+        slot.inbox.put((run, message))
 
-    def _run_slot(self, slot: Slot, message: ReceivedMessage) -> None:
-        """A slot's thread: one delivery end to end, then the slot is free again (after a backoff if an AWS
-        error escaped: the message comes back after its visibility timeout)."""
+    def _slot_loop(self, slot: Slot) -> None:
+        """A slot's thread: each started run handed to it, end to end, until told to exit (None)."""
         self._here.slot = slot
-        try:
-            self.process(message)
-            slot.failures = 0
-        except Exception as exc:  # noqa: BLE001 - a slot must outlive transient faults
-            slot.failures += 1
-            if not self.stopping.is_set():
-                self._log_failure("worker slot failed", exc)
-                self.stopping.wait(min(30.0, 0.5 * 2 ** min(slot.failures, 6)))
-        finally:
-            with self._slots_lock:
-                slot.busy, slot.thread = False, None
-            self._freed.set()
+        while True:
+            item = slot.inbox.get()
+            if item is None:
+                return
+            run, message = item
+            try:
+                ended = self._deliver(run, message)
+                if ended is not None:
+                    self._writes.put(ended)
+                slot.failures = 0
+            except Exception as exc:  # noqa: BLE001 - a slot must outlive transient faults
+                slot.failures += 1
+                if not self.stopping.is_set():
+                    self._log_failure("worker slot failed", exc)
+                    self.stopping.wait(min(30.0, 0.5 * 2 ** min(slot.failures, 6)))
+            finally:
+                with self._slots_lock:
+                    slot.busy = False
+                self._freed.set()
 
     def _wait_for_slots(self) -> None:
         """Wait until every slot's thread is done (told to stop, each kills its task and hands its run back
-        within its grace; one stuck on AWS is the stop deadline's to end)."""
+        within its grace; one stuck on AWS is the stop deadline's to end), then let the threads exit."""
         for slot in self._slots:
             thread = slot.thread
-            while thread is not None and thread.is_alive():
+            if thread is None:
+                continue
+            slot.inbox.put(None)
+            while thread.is_alive():
                 thread.join(0.2)
+            slot.thread = None
+
+    def _session_loop(self) -> None:
+        """The session thread: applies the worker's writes, all those waiting at once (the polls' starts,
+        the slots' ends), until the loop is done (None)."""
+        while True:
+            first = self._writes.get()
+            if first is None:
+                return
+            batch = [first]
+            done = False
+            while len(batch) < MAX_WRITE_BATCH:
+                try:
+                    more = self._writes.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    done = True
+                    break
+                batch.append(more)
+            starts = [item for item in batch if isinstance(item, _Starts)]
+            try:
+                self._write(starts, [item for item in batch if isinstance(item, _Ended)])
+            except Exception as exc:  # noqa: BLE001 - the runs are found by the sweeper once their leases end
+                self._log_failure("recording the worker's runs failed", exc)
+                for request in starts:
+                    if len(request.outcomes) != len(request.received):
+                        request.outcomes = [exc] * len(request.received)
+            finally:
+                for request in starts:
+                    request.done.set()
+            if done:
+                return
 
     def _give_back(self, message: ReceivedMessage) -> None:
         try:
@@ -417,17 +592,27 @@ class Worker:
 
     # ---- one delivery ----------------------------------------------------------------------------------
     def process(self, received: ReceivedMessage) -> Run | None:
-        """Handle one delivery end to end. Returns the run as finished, or None if it was dropped."""
+        """Handle one delivery end to end in the calling thread: start, run, finish, delete. Returns the
+        run as finished, or None if it was dropped or its lease was lost."""
         if received.message is None:
             # not a run message: leave it; SQS moves it to the tier's DLQ after maxReceiveCount deliveries
             logger.error("poison message", extra={"tier": self.tier, "body": received.body[:500]})
             return None
-        try:
-            run = start(received.message, self.deps, owner=self.owner)
-        except StartRejectedError:
-            logger.info("duplicate or stale message dropped", extra={"run_id": received.message.run_id})
-            self.deps.queues.delete(self.tier, received.receipt_handle)
+        request = _Starts([received])
+        self._write([request], [])
+        [outcome] = request.outcomes
+        if isinstance(outcome, StartRejectedError):
             return None
+        if isinstance(outcome, Exception):
+            raise outcome
+        ended = self._deliver(outcome, received)
+        if ended is None:
+            return None
+        [finished] = self._write([], [ended])
+        return finished
+
+    def _deliver(self, run: Run, received: ReceivedMessage) -> _Ended | None:
+        """Run a started run's task (the calling slot's), with this thread's log keys."""
         # this thread's keys only: the other slots log their own runs
         logger.thread_safe_append_keys(run_id=run.run_id, attempt=run.attempt)
         try:
@@ -435,19 +620,24 @@ class Worker:
         finally:
             logger.thread_safe_remove_keys(["run_id", "attempt"])
 
-    def _execute(self, run: Run, received: ReceivedMessage) -> Run | None:
+    def _execute(self, run: Run, received: ReceivedMessage) -> _Ended:
+        """Run the task, store its log, and say how the attempt ended (recorded by :meth:`_write`)."""
         token = run.fencing_token
         key = log_key(run.job_id, run.run_id, run.attempt)
         written: str | None = key  # the log key the finish records
         slot = self._slot()
+        size: int | None = None  # bytes of the final log (0: nothing printed, nothing stored)
         with tempfile.TemporaryFile() as out:
             slot.live = live = LiveLog(self.deps.logs, key, out)
             try:
                 outcome = self._run_task(run, token, out, received)
             finally:
                 slot.live = None
+            data = read_log(out)
             try:
-                self.deps.logs.put(key, read_log(out))
+                if data or live.chunks:
+                    self.deps.logs.put(key, data)
+                size = len(data)
             except Exception as exc:  # noqa: BLE001 - a log upload failure must not lose the outcome
                 if self.deps.unreachable(exc):
                     logger.warning("log upload failed: store unreachable or busy", extra={"error": str(exc)})
@@ -463,11 +653,10 @@ class Worker:
                         logger.warning("log chunks not deleted", exc_info=True, extra={"chunks": live.chunks})
         if outcome.lease_lost:
             logger.warning(f"{outcome.error or 'lease lost'}: task stopped, not finishing")
-            self.deps.queues.delete(self.tier, received.receipt_handle)
-            return None
+            return _Ended(received, None, outcome)
         if outcome.timed_out:
             state, reason = RunState.TIMED_OUT, "timeout"
-            error = f"timed out after {run.timeout_seconds} s"
+            error: str | None = f"timed out after {run.timeout_seconds} s"
         elif outcome.exit_code == 0 and outcome.error is None:
             state, reason, error = RunState.SUCCEEDED, None, None
         else:
@@ -476,29 +665,78 @@ class Worker:
                 INTERRUPTED_REASON if outcome.error == "worker stopped" else "exit_code",
             )
             error = outcome.error or f"exit code {outcome.exit_code}"
-        try:
-            finished = finish(
-                run,
-                self.deps,
-                fencing_token=token,
-                outcome=state,
-                exit_code=outcome.exit_code,
-                error=error,
-                log_key=written,
-                reason=reason,
-            )
-        except LeaseLostError:
-            finished = None
-        self.deps.queues.delete(self.tier, received.receipt_handle)
-        logger.info("run finished", extra={"state": state.value, "exit_code": outcome.exit_code})
+        finish = Finish(
+            run,
+            token,
+            state,
+            exit_code=outcome.exit_code,
+            error=error,
+            log_key=written,
+            reason=reason,
+            log_bytes=size,
+        )
+        return _Ended(received, finish, outcome)
+
+    def _write(self, starts: list[_Starts], batch: list[_Ended]) -> list[Run | None]:
+        """Apply the starts of ``starts`` and the ends of ``batch`` together (:func:`start_and_finish`),
+        then delete in one batch the messages of the ends and of the starts refused (duplicates, stale).
+        Sets each request's outcomes; returns, for each end, the run as finished or None (its lease was
+        lost, or the record failed: the message is then left to come back, and the sweeper settles the run
+        once its lease expires). Raises the first fault of an end, after the others were handled."""
+        messages = [r for request in starts for r in request.received]
+        finishing = [e for e in batch if e.finish is not None]
+        started, ended = start_and_finish(
+            [m.message for m in messages if m.message is not None],
+            [e.finish for e in finishing if e.finish is not None],
+            self.deps,
+            owner=self.owner,
+        )
+        handles: list[str] = []
+        at = 0
+        for request in starts:
+            request.outcomes = started[at : at + len(request.received)]
+            at += len(request.received)
+            for message, outcome in zip(request.received, request.outcomes, strict=True):
+                if isinstance(outcome, StartRejectedError):
+                    logger.info(
+                        "duplicate or stale message dropped", extra={"run_id": outcome_run_id(message)}
+                    )
+                    handles.append(message.receipt_handle)
+        outcomes = dict(zip((id(e) for e in finishing), ended, strict=True))
+        finished: list[Run | None] = []
+        fault: Exception | None = None
+        for item in batch:
+            end = outcomes.get(id(item))
+            if isinstance(end, Run):
+                finished.append(end)
+            else:
+                finished.append(None)
+                if end is not None and not isinstance(end, LeaseLostError):
+                    fault = fault or end
+                    continue  # unknown whether it was recorded: the message comes back
+            handles.append(item.received.receipt_handle)
+            if item.finish is not None:
+                self._echo(item.finish, end)
+        if handles:
+            self.deps.queues.delete_batch(self.tier, handles)
+        if fault is not None:
+            raise fault
+        return finished
+
+    def _echo(self, finish: Finish, outcome: Run | Exception | None) -> None:
+        logger.info("run finished", extra={"state": finish.outcome.value, "exit_code": finish.exit_code})
         if os.environ.get("DUETIME_WORKER_ECHO"):
-            shown = finished.state.value if finished is not None else f"{state.value} (rejected: stale token)"
+            run = finish.run
+            shown = (
+                outcome.state.value
+                if isinstance(outcome, Run)
+                else f"{finish.outcome.value} (rejected: stale token)"
+            )
             print(
                 f"worker[{self.tier}]: run {run.run_id} attempt {run.attempt} -> {shown} "
-                f"(exit {outcome.exit_code})",
+                f"(exit {finish.exit_code})",
                 flush=True,
             )
-        return finished
 
     def _run_task(self, run: Run, token: int, out: IO[bytes], received: ReceivedMessage) -> TaskOutcome:
         task = run.task
@@ -508,16 +746,16 @@ class Worker:
                 exit_code=None, timed_out=False, lease_lost=False, error="not a container task"
             )
         try:
-            with tempfile.TemporaryFile() as stdin:
-                if task.stdin:
-                    stdin.write(task.stdin.encode())
+            with tempfile.TemporaryFile() if task.stdin else contextlib.nullcontext() as stdin:
+                if stdin is not None:
+                    stdin.write((task.stdin or "").encode())
                     stdin.seek(0)
                 proc = subprocess.Popen(  # noqa: S603 - argv list, no shell unless the job asked for one
                     task.command,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    stdin=stdin,
-                    env=task_env(run),
+                    stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                    env=task_env(run, self._base_env),
                     start_new_session=True,
                 )
         except (OSError, ValueError) as exc:
@@ -548,14 +786,12 @@ class Worker:
         deadline = time.monotonic() + run.timeout_seconds
         next_beat = time.monotonic() + settings.heartbeat_seconds
         live = self._slot().live
+        exited = ExitWaiter(proc)
         while True:
             now = time.monotonic()
             wait = max(0.0, min(next_beat, deadline) - now)
-            try:
-                code = proc.wait(timeout=min(wait, 0.5))
-            except subprocess.TimeoutExpired:
-                pass
-            else:
+            code = exited.wait(min(wait, 0.5))
+            if code is not None:
                 if code < 0 and self.stopping.is_set():  # killed by the stop deadline (the loop was held up)
                     out.write(b"\nduetime: worker stopping (SIGTERM); process group killed\n")
                     return TaskOutcome(

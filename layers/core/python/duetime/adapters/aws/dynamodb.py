@@ -61,7 +61,7 @@ from duetime.domain.errors import (
 )
 from duetime.domain.lifecycle import AttemptEnd
 from duetime.domain.models import AttemptRecord, Job, Run, RunState, Trigger, json_text
-from duetime.domain.ports import JobAdvance
+from duetime.domain.ports import JobAdvance, RunStart
 from duetime.domain.timeutil import from_iso, to_iso
 
 _ser = TypeSerializer()
@@ -285,6 +285,17 @@ def _each(items: Sequence[T], write: Callable[[T], bool]) -> list[bool]:
     if first is not None:
         raise PartialBatchError(results, first)
     return [bool(r) for r in results]
+
+
+def _each_outcome(items: Sequence[T], write: Callable[[T], Run]) -> list[Run | Exception]:
+    """``write`` of every item, in order: the run it returned, or the exception it raised."""
+    results: list[Run | Exception] = []
+    for item in items:
+        try:
+            results.append(write(item))
+        except Exception as exc:  # noqa: BLE001 - each item's outcome, for the caller to act on
+            results.append(exc)
+    return results
 
 
 class DynamoStore:
@@ -912,6 +923,25 @@ class DynamoStore:
                 f"run {job_id}@{to_iso(due_at)} attempt {attempt} cannot start (duplicate, stale or early)"
             ) from None
 
+    def start_many(self, starts: Sequence[RunStart]) -> list[Run | Exception]:
+        """:meth:`start` of each of ``starts``, one conditional UpdateItem each (DynamoDB has no conditional
+        batch update): for each, in order, the run as now stored or the error its start raised
+        (StartRejectedError, or a fault of that request: whether it was applied is unknown)."""
+        return _each_outcome(
+            starts,
+            lambda s: self.start(
+                s.job_id,
+                s.due_at,
+                attempt=s.attempt,
+                owner=s.owner,
+                lease_expires_at=s.lease_expires_at,
+                now=s.now,
+                deadline_at=s.deadline_at,
+                watch_at=s.watch_at,
+                running_tenant=s.running_tenant,
+            ),
+        )
+
     def heartbeat(
         self,
         job_id: str,
@@ -986,6 +1016,18 @@ class DynamoStore:
             raise LeaseLostError(
                 f"stale fencing token {end.expected_token} on {end.job_id}@{to_iso(end.due_at)}"
             ) from None
+
+    def end_attempts(self, ends: Sequence[AttemptEnd]) -> list[Run | Exception]:
+        """:meth:`end_attempt` of each of ``ends``, one conditional UpdateItem each: for each, in order, the
+        run as now stored or the error its end raised (LeaseLostError, or a fault of that request)."""
+        return _each_outcome(ends, self.end_attempt)
+
+    def start_and_end(
+        self, starts: Sequence[RunStart], ends: Sequence[AttemptEnd]
+    ) -> tuple[list[Run | Exception], list[Run | Exception]]:
+        """:meth:`end_attempts` of ``ends``, then :meth:`start_many` of ``starts`` (one request each)."""
+        ended = self.end_attempts(ends)
+        return self.start_many(starts), ended
 
     def end_attempt_request(self, end: AttemptEnd) -> dict[str, Any]:
         """``end`` as UpdateItem parameters (TableName, Key, expressions): the timeout handler's fence step,

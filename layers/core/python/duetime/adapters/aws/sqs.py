@@ -140,6 +140,38 @@ class SqsQueues:
         except self._sqs.exceptions.ReceiptHandleIsInvalid:
             pass
 
+    def delete_batch(self, tier: str, receipt_handles: Sequence[str]) -> None:
+        """Delete several received messages with DeleteMessageBatch, SEND_BATCH_MAX (SQS's limit) a
+        request; handles SQS calls invalid (expired: someone else has the message now) are ignored.
+
+        Raises:
+            QueueSendError: some deliveries were not deleted, after every request was tried (its ``unsent``
+                lists their handles); they come back after their visibility timeout.
+        """
+        undeleted: list[str] = []
+        first: str | None = None
+        handles = list(receipt_handles)
+        for start in range(0, len(handles), SEND_BATCH_MAX):
+            chunk = handles[start : start + SEND_BATCH_MAX]
+            try:
+                out = self._sqs.delete_message_batch(
+                    QueueUrl=self.queue_urls[tier],
+                    Entries=[{"Id": str(i), "ReceiptHandle": h} for i, h in enumerate(chunk)],
+                )
+            except Exception as exc:  # noqa: BLE001 - the next chunks are still tried
+                first = first or repr(exc)
+                undeleted += chunk
+                continue
+            for failure in out.get("Failed") or []:
+                if failure.get("Code") == "ReceiptHandleIsInvalid":
+                    continue
+                undeleted.append(chunk[int(failure["Id"])])
+                first = first or f"{failure.get('Code')}: {failure.get('Message', '')}"
+        if undeleted:
+            raise QueueSendError(
+                f"{len(undeleted)} of {len(handles)} messages not deleted from {tier}: {first}", undeleted
+            )
+
     def extend_visibility(self, tier: str, receipt_handle: str, seconds: int) -> None:
         """Keep a message hidden for ``seconds`` more (while its run is being worked)."""
         try:

@@ -57,7 +57,9 @@ class SqliteQueues:
         visibility_seconds: int = QUEUE_VISIBILITY_SECONDS,
         max_receive_count: int = QUEUE_MAX_RECEIVE_COUNT,
     ) -> None:
-        self.db = Database(path)
+        # not durable (no fsync at commit): the run rows are the truth; a message a power cut loses is sent
+        # again by the sweeper, a receive or delete lost delivers the message again (its start is refused)
+        self.db = Database(path, durable=False)
         self.clock: Clock = clock or SystemClock()
         self.tiers: set[str] | None = set(tiers) if tiers is not None else None
         self.visibility_seconds = visibility_seconds
@@ -220,6 +222,17 @@ class SqliteQueues:
         self._check(tier)
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM queue_messages WHERE tier = ? AND receipt = ?", (tier, receipt_handle))
+
+    def delete_batch(self, tier: str, receipt_handles: Sequence[str]) -> None:
+        """Delete several deliveries in one transaction (stale handles are ignored, as by :meth:`delete`)."""
+        self._check(tier)
+        if not receipt_handles:
+            return
+        with self.db.transaction() as conn:
+            conn.executemany(
+                "DELETE FROM queue_messages WHERE tier = ? AND receipt = ?",
+                [(tier, handle) for handle in receipt_handles],
+            )
 
     def extend_visibility(self, tier: str, receipt_handle: str, seconds: int) -> None:
         """Keep a delivery hidden ``seconds`` from now (best effort: a stale handle, or a delivery whose

@@ -45,7 +45,7 @@ from duetime.domain.errors import (
 )
 from duetime.domain.lifecycle import AttemptEnd
 from duetime.domain.models import AttemptRecord, Job, JobState, Run, RunState, Trigger
-from duetime.domain.ports import JobAdvance
+from duetime.domain.ports import JobAdvance, RunStart
 from duetime.domain.timeutil import from_iso, to_iso
 
 # the run's index-only attributes (DynamoDB's names, kept as columns, never in the document)
@@ -143,6 +143,110 @@ def _run_index(run: Run) -> dict[str, Any]:
     if run.dead_lettered:
         index[DEAD_LETTER_TENANT] = run.tenant
     return index
+
+
+_Edit = tuple[Callable[[_RunRow], bool], Callable[[_RunRow], None]]
+
+#: a run row's columns written back (the key last: job_id, due_at)
+_UPDATE_RUN = (
+    "UPDATE runs SET watch_shard = ?, watch_at = ?, active_job = ?, running_tenant = ?,"
+    " dead_letter_tenant = ?, dead_lettered_at = ?, expires_at = ?, doc = ?"
+    " WHERE job_id = ? AND due_at = ?"
+)
+#: ...only if the row is still as it was read (document and index columns; IS: NULL equals NULL)
+_UNCHANGED = " AND doc = ? AND watch_shard IS ? AND active_job IS ? AND running_tenant IS ? AND dead_letter_tenant IS ?"
+
+
+def _start_edit(item: RunStart) -> _Edit:
+    """The condition and change of :meth:`SqliteStore.start` for ``item``."""
+    attempt, owner, now = item.attempt, item.owner, item.now
+    lease_expires_at, deadline_at, watch_at = item.lease_expires_at, item.deadline_at, item.watch_at
+    running_tenant = item.running_tenant
+    now_s = to_iso(now)
+
+    def condition(row: _RunRow) -> bool:
+        state, stored_attempt = row.get("state"), row.get("attempt")
+        startable = (state == RunState.PENDING.value and stored_attempt == attempt) or (
+            state == RunState.RETRY_WAIT.value
+            and stored_attempt == attempt - 1
+            and _le(row.get("retry_at"), now_s)
+        )
+        deadline = row.get("start_deadline_at")
+        in_time = (
+            deadline is None
+            or (isinstance(deadline, str) and deadline >= now_s)
+            or attempt > 1  # retries are past it by design, also straight from RETRY_WAIT
+        )
+        return startable and in_time and row.get("held") is None
+
+    def change(row: _RunRow) -> None:
+        sets: dict[str, Any] = {
+            "state": RunState.RUNNING,
+            "attempt": attempt,
+            "lease_owner": owner,
+            "lease_expires_at": lease_expires_at,
+            "started_at": now,
+            "watch_at": watch_at or lease_expires_at,
+        }
+        if deadline_at is not None:
+            sets["deadline_at"] = deadline_at
+        if running_tenant is not None:
+            sets[RUNNING_TENANT] = running_tenant
+        row.edit(
+            sets=sets,
+            removes=["retry_at", "finished_at", "exit_code", "error", "result", "result_truncated"],
+            adds={"fencing_token": 1},
+        )
+
+    return condition, change
+
+
+def _end_edit(end: AttemptEnd) -> _Edit:
+    """The condition and change of :meth:`SqliteStore.end_attempt` for ``end``."""
+    lease_by = _iso(end.lease_expired_by)
+
+    def condition(row: _RunRow) -> bool:
+        if row.get("state") != RunState.RUNNING.value or row.get("fencing_token") != end.expected_token:
+            return False
+        return lease_by is None or _le(row.get("lease_expires_at"), lease_by)
+
+    def change(row: _RunRow) -> None:
+        sets: dict[str, Any] = {"finished_at": end.finished_at, "state": end.state}
+        removes: list[str] = []
+        for name, value in (("exit_code", end.exit_code), ("error", end.error), ("log_key", end.log_key)):
+            if value is None:
+                removes.append(name)
+            else:
+                sets[name] = value
+        if end.timeout_action is not None:
+            sets["timeout_action"] = end.timeout_action
+        if end.timeout_outcome is not None:
+            sets["timeout_outcome"] = end.timeout_outcome
+        if end.state is RunState.RETRY_WAIT:
+            sets.update(retry_at=end.retry_at, watch_at=end.watch_at)
+            if end.max_attempts is not None:
+                sets["max_attempts"] = end.max_attempts
+            removes.extend(["lease_owner", "lease_expires_at", "deadline_at", RUNNING_TENANT])
+        else:
+            if end.dead_lettered:
+                sets.update(
+                    dead_lettered=True, dead_lettered_at=end.finished_at, dead_letter_tenant=end.tenant
+                )
+            removes.extend(TERMINAL_REMOVALS)
+        if end.result_json is not None:
+            sets["result"] = json.loads(end.result_json)
+        if end.result_truncated:
+            sets["result_truncated"] = True
+        if end.timeout_execution is not None:
+            sets["timeout_execution"] = end.timeout_execution
+        row.edit(
+            sets=sets,
+            removes=removes,
+            adds={"fencing_token": 1} if end.bump_token else None,
+            appends={"attempts": [end.record]},
+        )
+
+    return condition, change
 
 
 class SqliteStore:
@@ -551,10 +655,11 @@ class SqliteStore:
         return int(rows[0][0])
 
     # ---- runs: writes --------------------------------------------------------------------------------
-    def _save_run(self, conn: sqlite3.Connection, row: _RunRow, *, insert: bool = False) -> bool:
+    def _row_values(self, row: _RunRow) -> tuple[Any, ...]:
+        """The columns of ``row`` as ``_save_run`` writes them (the key last)."""
         doc, index = row.doc, row.index
         due_at = from_iso(str(doc["due_at"]))
-        values = (
+        return (
             index.get(WATCH_SHARD),
             doc.get("watch_at"),
             index.get(ACTIVE_JOB),
@@ -566,6 +671,9 @@ class SqliteStore:
             str(doc["job_id"]),
             to_iso(due_at),
         )
+
+    def _save_run(self, conn: sqlite3.Connection, row: _RunRow, *, insert: bool = False) -> bool:
+        values = self._row_values(row)
         if insert:
             cur = conn.execute(
                 "INSERT INTO runs (watch_shard, watch_at, active_job, running_tenant, dead_letter_tenant,"
@@ -574,12 +682,7 @@ class SqliteStore:
                 values,
             )
         else:
-            cur = conn.execute(
-                "UPDATE runs SET watch_shard = ?, watch_at = ?, active_job = ?, running_tenant = ?,"
-                " dead_letter_tenant = ?, dead_lettered_at = ?, expires_at = ?, doc = ?"
-                " WHERE job_id = ? AND due_at = ?",
-                values,
-            )
+            cur = conn.execute(_UPDATE_RUN, values)
         return cur.rowcount == 1
 
     def put_new_run(self, run: Run) -> None:
@@ -611,21 +714,81 @@ class SqliteStore:
         """One conditional write: read the run, check ``condition``, apply ``change``, write it back; the
         run as it now is, or None when the run is absent or the condition did not hold (nothing written)."""
         with self.db.transaction() as conn:
-            found = conn.execute(
-                "SELECT doc, watch_shard, active_job, running_tenant, dead_letter_tenant FROM runs"
-                " WHERE job_id = ? AND due_at = ?",
-                (job_id, to_iso(due_at)),
-            ).fetchone()
-            if found is None:
-                return None
-            index = {k: v for k, v in zip(_INDEX_KEYS, found[1:], strict=True) if v is not None}
-            row = _RunRow(json.loads(found[0]), index)
-            if not condition(row):
-                return None
-            change(row)
-            run = Run.from_stored(row.doc)  # a change that would make the row unreadable is not written
-            self._save_run(conn, row)
-            return run
+            return self._update_run_in(conn, job_id, due_at, condition, change)
+
+    def _update_runs(self, edits: Sequence[tuple[str, datetime, _Edit]]) -> list[Run | None]:
+        """Several conditional writes in one transaction, each as :meth:`_update_run` (the run as it now
+        is, or None: absent, or its condition did not hold).
+
+        The write lock is held for the writes only: each row is read, checked, changed and validated
+        before the transaction, from the latest committed state, and written inside it only if it is still
+        exactly what was read (its document and index columns compared in the UPDATE's WHERE); a row that
+        changed meanwhile, or whose condition did not hold when read, is read and decided again inside the
+        transaction. So the outcome is what the one-transaction read-check-write gives, and the other
+        writers of the file (the stack's other processes) wait for SQL and the commit, not for this
+        process's Python (which competes for its GIL with its other threads).
+        """
+        if not edits:
+            return []
+        keys = [(job_id, to_iso(due_at)) for job_id, due_at, _ in edits]
+        seen: dict[tuple[str, str], tuple[Any, ...]] = {}
+        for start in range(0, len(keys), _IDS_PER_READ // 2):
+            chunk = keys[start : start + _IDS_PER_READ // 2]
+            marks = ", ".join("(?, ?)" for _ in chunk)
+            for got in self.db.read(
+                "SELECT job_id, due_at, doc, watch_shard, active_job, running_tenant, dead_letter_tenant"
+                f" FROM runs WHERE (job_id, due_at) IN (VALUES {marks})",  # noqa: S608 - placeholders only
+                [part for key in chunk for part in key],
+            ):
+                seen[(str(got[0]), str(got[1]))] = tuple(got[2:])
+        planned: list[tuple[tuple[Any, ...], Run, tuple[Any, ...]] | None] = []
+        for key, (_, _, (condition, change)) in zip(keys, edits, strict=True):
+            found = seen.get(key)
+            plan = None
+            if found is not None:
+                index = {k: v for k, v in zip(_INDEX_KEYS, found[1:], strict=True) if v is not None}
+                row = _RunRow(json.loads(found[0]), index)
+                if condition(row):
+                    change(row)
+                    # a change that would make the row unreadable is not written
+                    run = Run.from_stored(row.doc)
+                    plan = (found, run, self._row_values(row))
+            planned.append(plan)
+        with self.db.transaction() as conn:
+            results: list[Run | None] = []
+            for (job_id, due_at, (condition, change)), plan in zip(edits, planned, strict=True):
+                if plan is not None:
+                    read, run, values = plan
+                    if conn.execute(_UPDATE_RUN + _UNCHANGED, (*values, *read)).rowcount == 1:
+                        results.append(run)
+                        continue
+                results.append(self._update_run_in(conn, job_id, due_at, condition, change))
+            return results
+
+    def _update_run_in(
+        self,
+        conn: sqlite3.Connection,
+        job_id: str,
+        due_at: datetime,
+        condition: Callable[[_RunRow], bool],
+        change: Callable[[_RunRow], None],
+    ) -> Run | None:
+        """:meth:`_update_run` inside the caller's transaction ``conn``."""
+        found = conn.execute(
+            "SELECT doc, watch_shard, active_job, running_tenant, dead_letter_tenant FROM runs"
+            " WHERE job_id = ? AND due_at = ?",
+            (job_id, to_iso(due_at)),
+        ).fetchone()
+        if found is None:
+            return None
+        index = {k: v for k, v in zip(_INDEX_KEYS, found[1:], strict=True) if v is not None}
+        row = _RunRow(json.loads(found[0]), index)
+        if not condition(row):
+            return None
+        change(row)
+        run = Run.from_stored(row.doc)  # a change that would make the row unreadable is not written
+        self._save_run(conn, row)
+        return run
 
     def start(
         self,
@@ -647,48 +810,59 @@ class SqliteStore:
         Raises:
             StartRejectedError: neither holds: a duplicate, stale or early message. Drop it.
         """
-        now_s = to_iso(now)
+        [started] = self.start_many(
+            [
+                RunStart(
+                    job_id,
+                    due_at,
+                    attempt,
+                    owner,
+                    lease_expires_at,
+                    now,
+                    deadline_at=deadline_at,
+                    watch_at=watch_at,
+                    running_tenant=running_tenant,
+                )
+            ]
+        )
+        if isinstance(started, Exception):
+            raise started
+        return started
 
-        def condition(row: _RunRow) -> bool:
-            state, stored_attempt = row.get("state"), row.get("attempt")
-            startable = (state == RunState.PENDING.value and stored_attempt == attempt) or (
-                state == RunState.RETRY_WAIT.value
-                and stored_attempt == attempt - 1
-                and _le(row.get("retry_at"), now_s)
-            )
-            deadline = row.get("start_deadline_at")
-            in_time = (
-                deadline is None
-                or (isinstance(deadline, str) and deadline >= now_s)
-                or attempt > 1  # retries are past it by design, also straight from RETRY_WAIT
-            )
-            return startable and in_time and row.get("held") is None
+    def start_many(self, starts: Sequence[RunStart]) -> list[Run | Exception]:
+        """:meth:`start` of each of ``starts`` in one transaction: the run as now stored, or the
+        StartRejectedError its own start would raise. A fault of the transaction (ThrottledError) raises;
+        then none was applied."""
+        return self.start_and_end(starts, ())[0]
 
-        def change(row: _RunRow) -> None:
-            sets: dict[str, Any] = {
-                "state": RunState.RUNNING,
-                "attempt": attempt,
-                "lease_owner": owner,
-                "lease_expires_at": lease_expires_at,
-                "started_at": now,
-                "watch_at": watch_at or lease_expires_at,
-            }
-            if deadline_at is not None:
-                sets["deadline_at"] = deadline_at
-            if running_tenant is not None:
-                sets[RUNNING_TENANT] = running_tenant
-            row.edit(
-                sets=sets,
-                removes=["retry_at", "finished_at", "exit_code", "error", "result", "result_truncated"],
-                adds={"fencing_token": 1},
+    def start_and_end(
+        self, starts: Sequence[RunStart], ends: Sequence[AttemptEnd]
+    ) -> tuple[list[Run | Exception], list[Run | Exception]]:
+        """:meth:`end_attempts` of ``ends`` and :meth:`start_many` of ``starts`` in one transaction (the
+        ends first): (the starts' outcomes, the ends' outcomes). A fault of the transaction raises; then
+        none was applied."""
+        runs = self._update_runs(
+            [(end.job_id, end.due_at, _end_edit(end)) for end in ends]
+            + [(item.job_id, item.due_at, _start_edit(item)) for item in starts]
+        )
+        ended: list[Run | Exception] = [
+            run
+            if run is not None
+            else LeaseLostError(
+                f"stale fencing token {end.expected_token} on {end.job_id}@{to_iso(end.due_at)}"
             )
-
-        run = self._update_run(job_id, due_at, condition, change)
-        if run is None:
-            raise StartRejectedError(
-                f"run {job_id}@{to_iso(due_at)} attempt {attempt} cannot start (duplicate, stale or early)"
+            for end, run in zip(ends, runs[: len(ends)], strict=True)
+        ]
+        started: list[Run | Exception] = [
+            run
+            if run is not None
+            else StartRejectedError(
+                f"run {item.job_id}@{to_iso(item.due_at)} attempt {item.attempt} cannot start"
+                " (duplicate, stale or early)"
             )
-        return run
+            for item, run in zip(starts, runs[len(ends) :], strict=True)
+        ]
+        return started, ended
 
     def heartbeat(
         self,
@@ -726,55 +900,16 @@ class SqliteStore:
             LeaseLostError: the token is stale, the run is not RUNNING, or a heartbeat renewed the lease
                 meanwhile; nothing was applied.
         """
-        lease_by = _iso(end.lease_expired_by)
+        [ended] = self.end_attempts([end])
+        if isinstance(ended, Exception):
+            raise ended
+        return ended
 
-        def condition(row: _RunRow) -> bool:
-            if row.get("state") != RunState.RUNNING.value or row.get("fencing_token") != end.expected_token:
-                return False
-            return lease_by is None or _le(row.get("lease_expires_at"), lease_by)
-
-        def change(row: _RunRow) -> None:
-            sets: dict[str, Any] = {"finished_at": end.finished_at, "state": end.state}
-            removes: list[str] = []
-            for name, value in (("exit_code", end.exit_code), ("error", end.error), ("log_key", end.log_key)):
-                if value is None:
-                    removes.append(name)
-                else:
-                    sets[name] = value
-            if end.timeout_action is not None:
-                sets["timeout_action"] = end.timeout_action
-            if end.timeout_outcome is not None:
-                sets["timeout_outcome"] = end.timeout_outcome
-            if end.state is RunState.RETRY_WAIT:
-                sets.update(retry_at=end.retry_at, watch_at=end.watch_at)
-                if end.max_attempts is not None:
-                    sets["max_attempts"] = end.max_attempts
-                removes.extend(["lease_owner", "lease_expires_at", "deadline_at", RUNNING_TENANT])
-            else:
-                if end.dead_lettered:
-                    sets.update(
-                        dead_lettered=True, dead_lettered_at=end.finished_at, dead_letter_tenant=end.tenant
-                    )
-                removes.extend(TERMINAL_REMOVALS)
-            if end.result_json is not None:
-                sets["result"] = json.loads(end.result_json)
-            if end.result_truncated:
-                sets["result_truncated"] = True
-            if end.timeout_execution is not None:
-                sets["timeout_execution"] = end.timeout_execution
-            row.edit(
-                sets=sets,
-                removes=removes,
-                adds={"fencing_token": 1} if end.bump_token else None,
-                appends={"attempts": [end.record]},
-            )
-
-        run = self._update_run(end.job_id, end.due_at, condition, change)
-        if run is None:
-            raise LeaseLostError(
-                f"stale fencing token {end.expected_token} on {end.job_id}@{to_iso(end.due_at)}"
-            )
-        return run
+    def end_attempts(self, ends: Sequence[AttemptEnd]) -> list[Run | Exception]:
+        """:meth:`end_attempt` of each of ``ends`` in one transaction: the run as now stored, or the
+        LeaseLostError its own end would raise. A fault of the transaction (ThrottledError) raises; then
+        none was applied."""
+        return self.start_and_end((), ends)[1]
 
     def skip_pending(
         self, job_id: str, due_at: datetime, *, attempt: int, reason: str, now: datetime

@@ -89,3 +89,35 @@ def test_a_tenant_at_its_running_quota_waits_and_others_do_not(deps: Deps) -> No
     # once alice's first run ends, her second one starts
     runs.finish(running, deps, fencing_token=running.fencing_token, outcome=RunState.SUCCEEDED, exit_code=0)
     assert runs.start(runs.message_for(second), deps, owner="w2").state is RunState.RUNNING
+
+
+def test_one_poll_of_a_tenants_runs_starts_no_more_than_its_running_quota(deps: Deps) -> None:
+    from duetime.domain.api_models import CreateJobRequest
+    from duetime.domain.errors import StartRejectedError
+    from duetime.domain.models import ContainerTask, Run, RunState
+    from duetime.services import jobs, runs
+    from tests.helpers import drain
+
+    deps.settings = deps.settings.model_copy(update={"tenant_max_running": 2})
+
+    def submit(tenant: str):
+        job = jobs.create_job(
+            CreateJobRequest(name="r", task=ContainerTask(command=["true"])), tenant=tenant, deps=deps
+        )
+        return deps.store.list_runs(job.job_id)[0]
+
+    alices = [submit("alice") for _ in range(4)]
+    bob = submit("bob")
+    drain(deps.settings.queue_url("small"))
+    # When one worker's poll brings all five wake-ups and starts them together
+    outcomes = runs.start_many([runs.message_for(r) for r in [*alices, bob]], deps, owner="w1")
+    # Then alice gets her two RUNNING, her others wait (PENDING), and bob's starts
+    assert [isinstance(o, Run) for o in outcomes] == [True, True, False, False, True]
+    assert all(isinstance(o, StartRejectedError) for o in outcomes[2:4])
+    assert deps.store.count_running("alice") == 2
+    assert [deps.store.get_run(r.job_id, r.due_at).state for r in alices] == [  # type: ignore[union-attr]
+        RunState.RUNNING,
+        RunState.RUNNING,
+        RunState.PENDING,
+        RunState.PENDING,
+    ]

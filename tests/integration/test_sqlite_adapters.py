@@ -855,3 +855,22 @@ def test_an_end_after_a_heartbeat_that_came_between_read_and_write_keeps_both(
     assert isinstance(refused, LeaseLostError)
     stored = store.get_run(racing.job_id, T0)
     assert stored is not None and stored.state is RunState.RUNNING and stored.lease_expires_at == renewed
+
+
+def test_a_row_that_does_not_read_as_a_run_fails_only_its_own_item_of_a_batch(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.sqlite")
+    good = [put_run(store, make_job(f"ok-{i}")) for i in range(2)]
+    bad = put_run(store, make_job("unreadable"))
+    with store.db.transaction() as conn:  # a row a buggy writer left: startable, but its tenant is no text
+        conn.execute(
+            "UPDATE runs SET doc = json_set(doc, '$.tenant', json('{\"x\": 1}')) WHERE job_id = ?",
+            (bad.job_id,),
+        )
+    lease = T0 + timedelta(seconds=LEASE)
+    outcomes = store.start_many(
+        [RunStart(r.job_id, T0, 1, "w1", lease, T0, watch_at=lease) for r in (good[0], bad, good[1])]
+    )
+    assert isinstance(outcomes[1], Exception) and not isinstance(outcomes[1], StartRejectedError)
+    for run, outcome in ((good[0], outcomes[0]), (good[1], outcomes[2])):
+        assert not isinstance(outcome, Exception) and outcome.state is RunState.RUNNING
+        assert store.get_run(run.job_id, T0) == outcome

@@ -326,3 +326,32 @@ def test_a_sigtermed_worker_process_hands_back_every_running_run_and_exits_0(
     # and the third, never received, still waits for a worker, untouched
     third = _run(deps, waiting)
     assert (third.state, third.attempts) == (RunState.PENDING, [])
+
+
+def test_ends_whose_write_failed_are_recorded_on_a_later_try_and_their_tasks_not_run_again(
+    deps: Deps, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from duetime.domain.errors import ThrottledError
+
+    # Given four run-now jobs that each append a line to a file (how many times each task ran)
+    ran = tmp_path / "ran"
+    job_ids = [_submit(deps, ["sh", "-c", f"echo {i} >> {ran}"], name=f"j{i}") for i in range(4)]
+    # and a store whose first two writes of attempt ends only fail as if the file stayed locked
+    failures = {"left": 2}
+    real = deps.store.end_attempts
+
+    def flaky(ends: Any) -> Any:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise ThrottledError("duetime.sqlite: the write lock stayed taken (injected)")
+        return real(ends)
+
+    # (four jobs, four slots: the poll's starts are written first, the ends alone, through end_attempts)
+    monkeypatch.setattr(deps.store, "end_attempts", flaky)
+    # When a four-slot worker runs them
+    with _running(Worker(deps, "small", slots=4)):
+        _wait("every run SUCCEEDED", lambda: _all_in(deps, job_ids, {RunState.SUCCEEDED}))
+    # Then the ends were tried again and recorded: one attempt each, and each task ran exactly once
+    assert failures["left"] == 0
+    assert all(len(_run(deps, j).attempts) == 1 for j in job_ids)
+    assert sorted(ran.read_text().split()) == ["0", "1", "2", "3"]

@@ -155,6 +155,8 @@ def _plan_starts(
     limit = deps.settings.tenant_max_running
     lease = timedelta(seconds=lease_seconds or deps.settings.lease_seconds)
     planned: list[tuple[int, RunStart]] = []
+    #: starts of this batch planned so far per tenant (they count against its RUNNING quota too)
+    planned_by_tenant: dict[str, int] = {}
     for i, message in enumerate(messages):
         try:
             if message.attempt == 1:
@@ -167,7 +169,8 @@ def _plan_starts(
                 limit is not None
                 and message.tenant
                 and message.tier
-                and deps.store.count_running(message.tenant) >= limit
+                and deps.store.count_running(message.tenant) + planned_by_tenant.get(message.tenant, 0)
+                >= limit
             ):
                 # the tenant is at its concurrency quota: look again shortly (the run stays PENDING, watched)
                 deps.queues.send(message.tier, message, delay=TENANT_BUSY_RETRY_SECONDS)
@@ -184,6 +187,8 @@ def _plan_starts(
         watch_at = lease_expires_at
         if deadline_at is not None:
             watch_at = min(watch_at, handler_due_at(deadline_at, message.kill_grace_seconds, deps))
+        if message.tenant:
+            planned_by_tenant[message.tenant] = planned_by_tenant.get(message.tenant, 0) + 1
         planned.append(
             (
                 i,
@@ -566,6 +571,8 @@ class Finish:
     result_truncated: bool = False
     #: bytes of the attempt's final log (0: empty, none was stored); None: not known
     log_bytes: int | None = None
+    #: when the attempt ended (UTC; the task's exit as its executor saw it); None: when it is recorded
+    ended_at: datetime | None = None
 
 
 def finish(
@@ -656,7 +663,7 @@ def _plan_ends(
             decide_attempt_end(
                 item.run,
                 outcome=item.outcome,
-                now=now,
+                now=item.ended_at or now,
                 fencing_token=item.fencing_token,
                 pending_grace_seconds=deps.settings.pending_grace_seconds,
                 worker=item.run.lease_owner,

@@ -89,6 +89,9 @@ PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME
 DEFAULT_SLOTS: dict[str, int] = {"small": 4, "medium": 2, "large": 1}
 #: The most messages one receive asks for (SQS's limit)
 MAX_RECEIVE_MESSAGES = 10
+#: Tries again of an end whose record failed (a fault of the store), with a backoff from 0.5 s doubling (at
+#: most a quarter of the lease), before it is left to the sweeper (its lease expires: worker_lost)
+END_RETRIES = 5
 #: The most requests (a poll's starts, an ended attempt) the session thread applies in one write (one
 #: transaction on the embedded store)
 MAX_WRITE_BATCH = 50
@@ -106,7 +109,11 @@ class TaskOutcome:
     error: str | None = None
 
 
-@dataclass(frozen=True)
+#: the outcome of a task never started (its worker was told to stop)
+_STOPPED = TaskOutcome(exit_code=None, timed_out=False, lease_lost=False, error="worker stopped")
+
+
+@dataclass
 class _Ended:
     """An attempt a slot ran to its end: its delivery, how to record it (None: its lease was lost, only
     the message is deleted) and the task's outcome."""
@@ -114,14 +121,24 @@ class _Ended:
     received: ReceivedMessage
     finish: Finish | None
     outcome: TaskOutcome
+    #: failed tries to record it so far (a fault of the store: tried again, with a backoff)
+    tries: int = 0
+    #: when it may be tried again (time.monotonic())
+    retry_at: float = 0.0
+    #: the run as recorded (None: its lease was lost, or not recorded yet)
+    recorded: Run | None = None
+    #: the fault of its last failed record
+    error: Exception | None = None
 
 
 @dataclass
 class _Starts:
     """A poll's messages to start, handed to the session thread; ``outcomes`` (one per message, as
-    :func:`start_many` gives them) are set before ``done``."""
+    :func:`start_many` gives them) are set, and each started run given its slot, before ``done``."""
 
     received: list[ReceivedMessage]
+    #: the slots reserved for them by run_forever's loop, one per message (empty: the caller runs them)
+    slots: list[Slot] = field(default_factory=list)
     outcomes: list[Run | Exception] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -388,6 +405,10 @@ class Worker:
         self._here = threading.local()
         #: the worker's variables passed to every task (PASSED_ENV), read once
         self._base_env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+        #: the polls' starts handed to the session thread and not yet known done (run_forever's loop)
+        self._outstanding: list[_Starts] = []
+        #: a fault of a poll's start, for the loop's backoff (set by the session thread)
+        self._start_fault: Exception | None = None
         #: the writes waiting for the session thread (run_forever): the polls' starts, the slots' ends
         #: (None: it exits)
         self._writes: queue.SimpleQueue[_Starts | _Ended | None] = queue.SimpleQueue()
@@ -405,6 +426,8 @@ class Worker:
         Told to stop, it waits for its slots (each hands its run back), lets the session thread record
         what is left, and returns."""
         failures = 0
+        self._writes = queue.SimpleQueue()  # nothing left from an earlier run_forever
+        self._outstanding, self._start_fault = [], None
         session = threading.Thread(target=self._session_loop, name="session", daemon=True)
         session.start()
         try:
@@ -435,31 +458,35 @@ class Worker:
                     self._log_failure("worker poll failed", exc)
                     self.stopping.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
         finally:
+            for request in self._outstanding:  # the session gives each started run its slot (or frees it)
+                while not request.done.wait(0.2) and session.is_alive():
+                    pass
             self._wait_for_slots()
             self._writes.put(None)
             while session.is_alive():
                 session.join(0.2)
 
     def _start_and_dispatch(self, received: list[ReceivedMessage], free: list[Slot]) -> None:
-        """Start the runs of one poll (through the session thread, with whatever else it has to write) and
-        give each started run a free slot; the session deletes the duplicate and stale messages. A fault
-        of the start leaves the messages to come back after their visibility timeout (raised after the
-        others were handled, for the loop's backoff)."""
+        """Hand the messages of one poll to the session thread, each with a free slot reserved for it, and
+        return at once (the loop polls again for the slots still free while the session writes): the
+        session starts them together with whatever else it has to write and gives each started run its
+        slot; a refused start frees its slot and its message is deleted. Raises the fault of an earlier
+        poll's start, if there was one since the last call (for the loop's backoff; those messages come
+        back after their visibility timeout)."""
         for poison in received:
             if poison.message is None:
                 # not a run message: leave it; the queue moves it to the tier's DLQ after maxReceiveCount
                 logger.error("poison message", extra={"tier": self.tier, "body": poison.body[:500]})
-        request = _Starts([r for r in received if r.message is not None])
-        if not request.received:
-            return
-        self._writes.put(request)
-        request.done.wait()
-        fault: Exception | None = None
-        for message, outcome in zip(request.received, request.outcomes, strict=True):
-            if isinstance(outcome, Run):
-                self._dispatch(free.pop(0), outcome, message)
-            elif not isinstance(outcome, StartRejectedError):
-                fault = fault or outcome
+        runs = [r for r in received if r.message is not None]
+        if runs:
+            slots = free[: len(runs)]
+            with self._slots_lock:
+                for slot in slots:
+                    slot.busy = True
+            request = _Starts(runs, slots=slots)
+            self._outstanding = [r for r in self._outstanding if not r.done.is_set()] + [request]
+            self._writes.put(request)
+        fault, self._start_fault = self._start_fault, None
         if fault is not None:
             raise fault
 
@@ -468,8 +495,7 @@ class Worker:
             return [slot for slot in self._slots if not slot.busy]
 
     def _dispatch(self, slot: Slot, run: Run, message: ReceivedMessage) -> None:
-        with self._slots_lock:
-            slot.busy = True
+        """Give the started ``run`` to ``slot`` (reserved for it: busy) and its thread."""
         if slot.thread is None:
             thread = threading.Thread(
                 target=self._slot_loop, args=(slot,), name=f"slot-{slot.index}", daemon=True
@@ -477,12 +503,28 @@ class Worker:
             try:
                 thread.start()
             except BaseException:
-                with self._slots_lock:
-                    slot.busy = False
+                self._release(slot)
                 self._give_back(message)
                 raise
             slot.thread = thread
         slot.inbox.put((run, message))
+
+    def _handed_back(self, run: Run) -> Finish:
+        """The end of ``run``'s attempt, started but not run, as a worker told to stop records it."""
+        return Finish(
+            run,
+            run.fencing_token,
+            RunState.FAILED,
+            error="worker stopped",
+            reason=INTERRUPTED_REASON,
+            ended_at=self.deps.clock.now(),
+        )
+
+    def _release(self, slot: Slot) -> None:
+        """Free ``slot`` (the loop may poll for it again)."""
+        with self._slots_lock:
+            slot.busy = False
+        self._freed.set()
 
     def _slot_loop(self, slot: Slot) -> None:
         """A slot's thread: each started run handed to it, end to end, until told to exit (None)."""
@@ -493,7 +535,11 @@ class Worker:
                 return
             run, message = item
             try:
-                ended = self._deliver(run, message)
+                if self.stopping.is_set():
+                    # told to stop since the start: hand the run back without starting its task
+                    ended: _Ended | None = _Ended(message, self._handed_back(run), _STOPPED)
+                else:
+                    ended = self._deliver(run, message)
                 if ended is not None:
                     self._writes.put(ended)
                 slot.failures = 0
@@ -503,9 +549,7 @@ class Worker:
                     self._log_failure("worker slot failed", exc)
                     self.stopping.wait(min(30.0, 0.5 * 2 ** min(slot.failures, 6)))
             finally:
-                with self._slots_lock:
-                    slot.busy = False
-                self._freed.set()
+                self._release(slot)
 
     def _wait_for_slots(self) -> None:
         """Wait until every slot's thread is done (told to stop, each kills its task and hands its run back
@@ -521,12 +565,22 @@ class Worker:
 
     def _session_loop(self) -> None:
         """The session thread: applies the worker's writes, all those waiting at once (the polls' starts,
-        the slots' ends), until the loop is done (None)."""
+        the slots' ends), until the loop is done (None). An end whose record failed (a fault of the store:
+        nothing was applied on the embedded store; on DynamoDB a repeat of an applied end is refused as
+        stale) is tried again after a backoff, up to END_RETRIES times while its lease lasts."""
+        retries: list[_Ended] = []
         while True:
-            first = self._writes.get()
-            if first is None:
-                return
-            batch = [first]
+            now = time.monotonic()
+            timeout = max(0.0, min(e.retry_at for e in retries) - now) if retries else None
+            batch: list[_Starts | _Ended] = []
+            try:
+                first = self._writes.get(timeout=timeout)
+            except queue.Empty:
+                pass  # a retry is due
+            else:
+                if first is None:
+                    return
+                batch.append(first)
             done = False
             while len(batch) < MAX_WRITE_BATCH:
                 try:
@@ -537,19 +591,66 @@ class Worker:
                     done = True
                     break
                 batch.append(more)
-            starts = [item for item in batch if isinstance(item, _Starts)]
-            try:
-                self._write(starts, [item for item in batch if isinstance(item, _Ended)])
-            except Exception as exc:  # noqa: BLE001 - the runs are found by the sweeper once their leases end
-                self._log_failure("recording the worker's runs failed", exc)
-                for request in starts:
-                    if len(request.outcomes) != len(request.received):
-                        request.outcomes = [exc] * len(request.received)
-            finally:
-                for request in starts:
-                    request.done.set()
+            now = time.monotonic()
+            batch += [e for e in retries if e.retry_at <= now or done]
+            retries = [e for e in retries if not (e.retry_at <= now or done)]
+            retries += self._apply(batch)
             if done:
                 return
+
+    def _apply(self, batch: list[_Starts | _Ended]) -> list[_Ended]:
+        """One write of the session: ``batch``'s starts and ends together; returns the ends to try again."""
+        starts = [item for item in batch if isinstance(item, _Starts)]
+        ends = [item for item in batch if isinstance(item, _Ended)]
+        given_back: list[_Starts] = []
+        if self.stopping.is_set() and starts:
+            # told to stop: never start a task only to stop it at once; the messages go back
+            for request in starts:
+                for message in request.received:
+                    self._give_back(message)
+                request.outcomes = [StartRejectedError("worker stopping")] * len(request.received)
+            starts, given_back = [], starts
+        again: list[_Ended] = []
+        try:
+            again = self._write(starts, ends)
+        except Exception as exc:  # noqa: BLE001 - the runs are found by the sweeper once their leases end
+            self._log_failure("recording the worker's runs failed", exc)
+            for request in starts:
+                if len(request.outcomes) != len(request.received):
+                    request.outcomes = [exc] * len(request.received)
+        finally:
+            for request in starts + given_back:
+                if len(request.outcomes) != len(request.received):
+                    request.outcomes = [RuntimeError("not started")] * len(request.received)
+                self._hand_out(request)
+                request.done.set()
+        lease = self.deps.settings.lease_seconds
+        now = time.monotonic()
+        for ended in again:
+            ended.tries += 1
+            ended.retry_at = now + min(lease / 4, 0.25 * 2**ended.tries)
+        kept = [e for e in again if e.tries <= END_RETRIES and not self.stopping.is_set()]
+        for ended in again:
+            if ended not in kept:
+                logger.warning(
+                    "finished run not recorded: its lease will expire and the sweeper settles it",
+                    extra={"run_id": ended.finish.run.run_id if ended.finish else None, "tries": ended.tries},
+                )
+        return kept
+
+    def _hand_out(self, request: _Starts) -> None:
+        """Give each run of ``request`` that started its reserved slot; free the others' slots (and note a
+        fault for the loop's backoff)."""
+        for slot, message, outcome in zip(request.slots, request.received, request.outcomes, strict=False):
+            if isinstance(outcome, Run):
+                try:
+                    self._dispatch(slot, outcome, message)
+                except Exception as exc:  # noqa: BLE001 - no thread: the message came back, the slot is free
+                    self._log_failure("starting a slot failed", exc)
+                continue
+            if not isinstance(outcome, StartRejectedError):
+                self._start_fault = self._start_fault or outcome
+            self._release(slot)
 
     def _give_back(self, message: ReceivedMessage) -> None:
         try:
@@ -608,8 +709,9 @@ class Worker:
         ended = self._deliver(outcome, received)
         if ended is None:
             return None
-        [finished] = self._write([], [ended])
-        return finished
+        if self._write([], [ended]) and ended.error is not None:
+            raise ended.error  # not recorded: the message comes back; the sweeper settles the run
+        return ended.recorded
 
     def _deliver(self, run: Run, received: ReceivedMessage) -> _Ended | None:
         """Run a started run's task (the calling slot's), with this thread's log keys."""
@@ -633,6 +735,7 @@ class Worker:
                 outcome = self._run_task(run, token, out, received)
             finally:
                 slot.live = None
+            task_ended = self.deps.clock.now()
             data = read_log(out)
             try:
                 if data or live.chunks:
@@ -669,6 +772,7 @@ class Worker:
             run,
             token,
             state,
+            ended_at=task_ended,
             exit_code=outcome.exit_code,
             error=error,
             log_key=written,
@@ -677,12 +781,11 @@ class Worker:
         )
         return _Ended(received, finish, outcome)
 
-    def _write(self, starts: list[_Starts], batch: list[_Ended]) -> list[Run | None]:
+    def _write(self, starts: list[_Starts], batch: list[_Ended]) -> list[_Ended]:
         """Apply the starts of ``starts`` and the ends of ``batch`` together (:func:`start_and_finish`),
         then delete in one batch the messages of the ends and of the starts refused (duplicates, stale).
-        Sets each request's outcomes; returns, for each end, the run as finished or None (its lease was
-        lost, or the record failed: the message is then left to come back, and the sweeper settles the run
-        once its lease expires). Raises the first fault of an end, after the others were handled."""
+        Sets each request's outcomes and each end's ``recorded`` (the run as finished, or None: its lease
+        was lost); returns the ends whose record failed (a fault: their messages are kept)."""
         messages = [r for request in starts for r in request.received]
         finishing = [e for e in batch if e.finish is not None]
         started, ended = start_and_finish(
@@ -703,25 +806,21 @@ class Worker:
                     )
                     handles.append(message.receipt_handle)
         outcomes = dict(zip((id(e) for e in finishing), ended, strict=True))
-        finished: list[Run | None] = []
-        fault: Exception | None = None
+        failed: list[_Ended] = []
         for item in batch:
             end = outcomes.get(id(item))
-            if isinstance(end, Run):
-                finished.append(end)
-            else:
-                finished.append(None)
-                if end is not None and not isinstance(end, LeaseLostError):
-                    fault = fault or end
-                    continue  # unknown whether it was recorded: the message comes back
+            if isinstance(end, Exception) and not isinstance(end, LeaseLostError):
+                self._log_failure("recording a finished run failed", end)
+                item.error = end
+                failed.append(item)  # unknown whether it was recorded: its message is kept
+                continue
+            item.recorded = end if isinstance(end, Run) else None
             handles.append(item.received.receipt_handle)
             if item.finish is not None:
                 self._echo(item.finish, end)
         if handles:
             self.deps.queues.delete_batch(self.tier, handles)
-        if fault is not None:
-            raise fault
-        return finished
+        return failed
 
     def _echo(self, finish: Finish, outcome: Run | Exception | None) -> None:
         logger.info("run finished", extra={"state": finish.outcome.value, "exit_code": finish.exit_code})

@@ -716,9 +716,10 @@ class SqliteStore:
         with self.db.transaction() as conn:
             return self._update_run_in(conn, job_id, due_at, condition, change)
 
-    def _update_runs(self, edits: Sequence[tuple[str, datetime, _Edit]]) -> list[Run | None]:
+    def _update_runs(self, edits: Sequence[tuple[str, datetime, _Edit]]) -> list[Run | Exception | None]:
         """Several conditional writes in one transaction, each as :meth:`_update_run` (the run as it now
-        is, or None: absent, or its condition did not hold).
+        is, or None: absent, or its condition did not hold; or the error deciding it raised, say a row that
+        does not read as a run: that item is left as it was, the others are written).
 
         The write lock is held for the writes only: each row is read, checked, changed and validated
         before the transaction, from the latest committed state, and written inside it only if it is still
@@ -746,23 +747,34 @@ class SqliteStore:
             found = seen.get(key)
             plan = None
             if found is not None:
-                index = {k: v for k, v in zip(_INDEX_KEYS, found[1:], strict=True) if v is not None}
-                row = _RunRow(json.loads(found[0]), index)
-                if condition(row):
-                    change(row)
-                    # a change that would make the row unreadable is not written
-                    run = Run.from_stored(row.doc)
-                    plan = (found, run, self._row_values(row))
+                try:
+                    index = {k: v for k, v in zip(_INDEX_KEYS, found[1:], strict=True) if v is not None}
+                    row = _RunRow(json.loads(found[0]), index)
+                    if condition(row):
+                        change(row)
+                        # a change that would make the row unreadable is not written
+                        run = Run.from_stored(row.doc)
+                        plan = (found, run, self._row_values(row))
+                except Exception:  # noqa: BLE001 - decided again in the transaction, where its error is its outcome
+                    plan = None
             planned.append(plan)
         with self.db.transaction() as conn:
-            results: list[Run | None] = []
+            results: list[Run | Exception | None] = []
             for (job_id, due_at, (condition, change)), plan in zip(edits, planned, strict=True):
                 if plan is not None:
                     read, run, values = plan
                     if conn.execute(_UPDATE_RUN + _UNCHANGED, (*values, *read)).rowcount == 1:
                         results.append(run)
                         continue
-                results.append(self._update_run_in(conn, job_id, due_at, condition, change))
+                conn.execute("SAVEPOINT item")
+                try:
+                    results.append(self._update_run_in(conn, job_id, due_at, condition, change))
+                except sqlite3.OperationalError:
+                    raise  # the file's fault (busy, I/O): the whole transaction's
+                except Exception as exc:  # noqa: BLE001 - this item's outcome; the others are written
+                    conn.execute("ROLLBACK TO item")
+                    results.append(exc)
+                conn.execute("RELEASE item")
             return results
 
     def _update_run_in(

@@ -302,10 +302,12 @@ class Database:
             pause = min(_RETRY_MAX_S, pause * 2)
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self, *, durable: bool | None = None) -> Iterator[sqlite3.Connection]:
         """A write transaction: ``BEGIN IMMEDIATE`` takes the write lock at once, so what is read inside is
         what is overwritten (no writer comes between). Commits on exit, rolls back on an exception. Keep it
         short: every other writer waits for it. This process's threads queue on one lock first.
+        ``durable``: commit with (True) or without (False) an fsync, for this transaction only (None: as
+        the database's ``durable`` says).
 
         Raises:
             ThrottledError: the write lock stayed taken for the whole busy timeout.
@@ -330,7 +332,10 @@ class Database:
         except BaseException:
             lock.release()
             raise
+        switch = durable is not None and durable != self.durable
         try:
+            if switch:
+                conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
             try:
                 self._execute(conn, "BEGIN IMMEDIATE", (), deadline)
             except sqlite3.OperationalError as exc:
@@ -352,6 +357,8 @@ class Database:
                     raise ThrottledError(f"{self.path.name}: commit refused: {exc}") from None
                 raise
         finally:
+            if switch:
+                conn.execute(f"PRAGMA synchronous = {'FULL' if self.durable else 'NORMAL'}")
             fcntl.flock(writer, fcntl.LOCK_UN)
             lock.release()
 

@@ -493,10 +493,11 @@ class SqliteStore:
         """Count one submit in the tenant's ``minute``; False (nothing counted) when ``limit`` is reached.
 
         The counter lives ``SUBMIT_COUNTER_TTL_SECONDS`` after its minute began; counters past that are
-        deleted as later minutes are counted.
+        deleted as later minutes are counted. Committed without an fsync: a power cut may forget the last
+        counts of a minute (the tenant may then submit a few more in it), never a job.
         """
         start = int(minute.timestamp())
-        with self.db.transaction() as conn:
+        with self.db.transaction(durable=False) as conn:
             key = (tenant, to_iso(minute))
             row = conn.execute(
                 "SELECT submits FROM submit_counters WHERE tenant = ? AND minute = ?", key

@@ -265,7 +265,7 @@ def test_a_file_from_a_newer_schema_is_refused(db_path: Path) -> None:
         Database(db_path)
 
 
-def test_each_thread_has_its_own_connection(db_path: Path) -> None:
+def test_each_thread_has_its_own_connection_and_a_new_thread_takes_over_an_ended_ones(db_path: Path) -> None:
     db = Database(db_path)
     mine = db.connection()
     seen: list[sqlite3.Connection] = []
@@ -273,6 +273,21 @@ def test_each_thread_has_its_own_connection(db_path: Path) -> None:
     thread.start()
     thread.join()
     assert seen and seen[0] is not mine and db.connection() is mine
+    # two threads alive at once get two connections, one of them the ended thread's (no new one opened)
+    both: list[sqlite3.Connection] = []
+    barrier = threading.Barrier(2)
+
+    def use() -> None:
+        both.append(db.connection())
+        barrier.wait()  # both alive here
+
+    threads = [threading.Thread(target=use) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(c) for c in both}) == 2 and any(c is seen[0] for c in both)
+    assert all(c is not mine for c in both)
     db.close()
 
 

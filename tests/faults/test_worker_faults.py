@@ -43,6 +43,13 @@ from tests.faults.conftest import (
 pytestmark = pytest.mark.faults
 
 
+@pytest.fixture(scope="module", params=backend_params(moto_full_only=True))
+def backend(request: pytest.FixtureRequest) -> str:
+    """This module's scenarios on SQLite in ``make test``; their moto variants (a minute of the suite's
+    time) under ``make faults`` only, with the rest of the AWS adapters' fault runs."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
 def stack(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """One stack per backend for the scenarios that leave it healthy: two workers per tier, short leases."""

@@ -111,11 +111,11 @@ def _count_lock_waits(log: str) -> None:
             fh.write(word + "\n")
 
     @contextmanager
-    def transaction(self: Any) -> Iterator[Any]:
+    def transaction(self: Any, **options: Any) -> Iterator[Any]:
         asked = time.monotonic()
         entered = False
         try:
-            with begin(self) as conn:
+            with begin(self, **options) as conn:
                 entered = True
                 if time.monotonic() - asked >= 0.5:
                     note("lock_waited")

@@ -283,28 +283,29 @@ class ExitWaiter:
             self._poller = select.poll()
             self._poller.register(self._fd, select.POLLIN)
         except (AttributeError, OSError):  # no pidfd here (or the child was reaped): Popen's own wait
-            self._close()
+            self.close()
 
     def wait(self, timeout: float) -> int | None:
         """The exit code once the process has exited (waiting up to ``timeout`` seconds), else None."""
         if self._poller is not None and self.proc.returncode is None:
             if not self._poller.poll(max(0, math.ceil(timeout * 1000))):
                 return None
-            self._close()
+            self.close()
             return self.proc.wait()
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Close the pidfd (once; ``wait`` then falls back to ``Popen.wait``)."""
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
         self._fd, self._poller = None, None
 
     def __del__(self) -> None:
-        self._close()
+        self.close()
 
 
 def kill_group(proc: subprocess.Popen[bytes], grace_seconds: float) -> None:
@@ -881,11 +882,26 @@ class Worker:
         """Wait for the task, heartbeating, streaming its output and enforcing its deadline; stop it if the
         lease is lost or the worker is told to stop (looked at every 0.5 s). Runs in the task's slot's
         thread: its run, token and process only."""
+        exited = ExitWaiter(proc)
+        try:
+            return self._watch(run, token, out, received, proc, exited)
+        finally:
+            exited.close()
+
+    def _watch(
+        self,
+        run: Run,
+        token: int,
+        out: IO[bytes],
+        received: ReceivedMessage,
+        proc: subprocess.Popen[bytes],
+        exited: ExitWaiter,
+    ) -> TaskOutcome:
+        """:meth:`_supervise`'s loop, waiting on ``exited``."""
         settings = self.deps.settings
         deadline = time.monotonic() + run.timeout_seconds
         next_beat = time.monotonic() + settings.heartbeat_seconds
         live = self._slot().live
-        exited = ExitWaiter(proc)
         while True:
             now = time.monotonic()
             wait = max(0.0, min(next_beat, deadline) - now)

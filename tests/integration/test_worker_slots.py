@@ -256,6 +256,54 @@ def test_the_local_stacks_reaper_kills_every_slots_task_of_a_dead_worker(tmp_pat
                 task.wait()
 
 
+def test_a_new_stack_kills_the_tasks_a_killed_stack_left_running_and_only_those(tmp_path: Path) -> None:
+    # Given the markers a SIGKILLed stack's workers left: two groups of running Duetime tasks (one whose
+    # leader already exited, its child still running), and one marker whose group id now belongs to a
+    # process that is not a task (no DUETIME_RUN_ID: a reused id)
+    stack = LocalStack(LocalOptions(state_file=tmp_path / ".duetime" / "local.json"))
+    workers = tmp_path / ".duetime" / "workers"
+    workers.mkdir(parents=True)
+    env = {**os.environ, "DUETIME_RUN_ID": "job.1"}
+    task = subprocess.Popen(["sleep", "60"], start_new_session=True, env=env)
+    grandchild_pid = tmp_path / "grandchild.pid"
+    leaderless = subprocess.Popen(
+        ["sh", "-c", f"sleep 60 & echo $! > {grandchild_pid}"], start_new_session=True, env=env
+    )
+    leaderless.wait()
+    orphan = int(_wait("the grandchild's pid", lambda: grandchild_pid.read_text().strip()))
+    stranger = subprocess.Popen(
+        ["sleep", "60"], start_new_session=True, env={k: v for k, v in env.items() if k != "DUETIME_RUN_ID"}
+    )
+    try:
+        (workers / "101.task").write_text(str(task.pid))
+        (workers / "102.1.task").write_text(str(leaderless.pid))
+        (workers / "103.task").write_text(str(stranger.pid))
+        (workers / "104.task").write_text("not a pid")
+        # When the new stack starts (before its workers)
+        assert stack._reap_leftover_tasks() == 2
+        # Then both task groups are dead, the stranger lives, and every marker is gone
+        assert task.wait(timeout=5) == -signal.SIGKILL
+        _wait(
+            "the orphaned grandchild to die", lambda: not Path(f"/proc/{orphan}").exists() or _zombie(orphan)
+        )
+        assert stranger.poll() is None
+        assert list(workers.iterdir()) == []
+    finally:
+        for proc in (task, stranger):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(orphan, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def test_a_sigtermed_worker_process_hands_back_every_running_run_and_exits_0(
     deps: Deps, tmp_path: Path
 ) -> None:

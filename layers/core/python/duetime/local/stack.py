@@ -111,6 +111,22 @@ class LocalOptions:
     lambdas: dict[str, str] = field(default_factory=dict)
 
 
+def _is_task_group(pgid: int) -> bool:
+    """Whether a process of process group ``pgid`` is a Duetime task (``DUETIME_RUN_ID`` in its
+    environment, as every worker sets it; Linux ``/proc``; elsewhere: False, nothing is killed)."""
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+            # fields after the command name (which may hold spaces and parentheses): state, ppid, pgrp
+            if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            if b"DUETIME_RUN_ID=" in (entry / "environ").read_bytes():
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
 @dataclass
 class LocalStack:
     """A running local stack; :meth:`stop` tears it down."""
@@ -168,6 +184,7 @@ class LocalStack:
         else:
             print(f"Backend: sqlite, state in {opts.state_dir.resolve()}", flush=True)
         print(f"State: {opts.state_file.resolve()}", flush=True)
+        self._reap_leftover_tasks()
         self._start_clock()
         for tier in CONTAINER_TIERS:
             for _ in range(opts.workers):
@@ -518,6 +535,28 @@ class LocalStack:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
             marker.unlink(missing_ok=True)
+
+    def _reap_leftover_tasks(self) -> int:
+        """Kill the tasks a stack killed as a whole left behind (SIGKILL of the stack, its API processes
+        and its workers at once: nobody was left to kill the tasks, which run in sessions of their own),
+        before this stack's workers start: otherwise a lost attempt's retry would run beside it. Every
+        marker under the workers directory names a process group; it is killed only if a process in it
+        is a Duetime task (its environment has ``DUETIME_RUN_ID``), so a process group id reused since
+        is left alone. Returns how many groups were killed."""
+        killed = 0
+        for marker in self._worker_dir().glob("*.task"):
+            try:
+                pgid = int(marker.read_text())
+            except (OSError, ValueError):
+                pgid = 0
+            if pgid > 1 and _is_task_group(pgid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+                    killed += 1
+            marker.unlink(missing_ok=True)
+        if killed:
+            print(f"killed {killed} task(s) left running by a stack that was killed", flush=True)
+        return killed
 
     def _start_supervisor(self) -> None:
         def loop() -> None:

@@ -4,9 +4,11 @@ Issue 15's target: at least 300 submits/s with 8 concurrent clients on the defau
 once: ``cron(0 3 * * ? *)``, so each submit is the API's work only: validation, the tenant's submit counter
 and active-jobs counter, the job's write, its response). Each client is a thread of this process holding
 one HTTP/1.1 keep-alive connection (as ``requests.Session`` or any SDK would), sending the next request as
-soon as the last one is answered. The per-tenant quotas are raised for the bench (the defaults allow 600
-submits a minute). Measured: submits/s over the measured window (after a warm-up), latency p50/p99 in
-milliseconds, and every non-201 answer (there must be none).
+soon as the last one is answered (the local API's werkzeug server closes every connection after its
+response: ``http.client`` then reconnects, so each request is a new connection and a new server thread).
+The per-tenant quotas are raised for the bench (the defaults allow 600 submits a minute). Measured:
+submits/s over the measured window (after a warm-up), latency p50/p99 in milliseconds, and every non-201
+answer (there must be none).
 """
 
 from __future__ import annotations

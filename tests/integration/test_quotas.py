@@ -61,22 +61,27 @@ def test_a_completed_one_off_job_frees_its_quota(api: ModuleType, small_quotas, 
         assert call(api, "POST", "/jobs", {**JOB, "schedule": None}, tenant="alice")[0] == 201
 
 
-def test_a_tenant_at_its_running_quota_waits_and_others_do_not(deps: Deps) -> None:
+def _run_now(deps: Deps, tenant: str):  # type: ignore[no-untyped-def]
+    """Submit a run-now job for ``tenant``; its one run (PENDING)."""
     from duetime.domain.api_models import CreateJobRequest
+    from duetime.domain.models import ContainerTask
+    from duetime.services import jobs
+
+    job = jobs.create_job(
+        CreateJobRequest(name="r", task=ContainerTask(command=["true"])), tenant=tenant, deps=deps
+    )
+    return deps.store.list_runs(job.job_id)[0]
+
+
+def test_a_tenant_at_its_running_quota_waits_and_others_do_not(deps: Deps) -> None:
     from duetime.domain.errors import StartRejectedError
-    from duetime.domain.models import ContainerTask, RunState
-    from duetime.services import jobs, runs
+    from duetime.domain.models import RunState
+    from duetime.services import runs
     from tests.helpers import drain, queue_counts
 
     deps.settings = deps.settings.model_copy(update={"tenant_max_running": 1})
 
-    def submit(tenant: str):
-        job = jobs.create_job(
-            CreateJobRequest(name="r", task=ContainerTask(command=["true"])), tenant=tenant, deps=deps
-        )
-        return deps.store.list_runs(job.job_id)[0]
-
-    first, second, other = submit("alice"), submit("alice"), submit("bob")
+    first, second, other = _run_now(deps, "alice"), _run_now(deps, "alice"), _run_now(deps, "bob")
     drain(deps.settings.queue_url("small"))
     running = runs.start(runs.message_for(first), deps, owner="w1")
     # alice's second run is held back (PENDING) and its wake-up is put back on the queue, delayed
@@ -92,22 +97,15 @@ def test_a_tenant_at_its_running_quota_waits_and_others_do_not(deps: Deps) -> No
 
 
 def test_one_poll_of_a_tenants_runs_starts_no_more_than_its_running_quota(deps: Deps) -> None:
-    from duetime.domain.api_models import CreateJobRequest
     from duetime.domain.errors import StartRejectedError
-    from duetime.domain.models import ContainerTask, Run, RunState
-    from duetime.services import jobs, runs
+    from duetime.domain.models import Run, RunState
+    from duetime.services import runs
     from tests.helpers import drain
 
     deps.settings = deps.settings.model_copy(update={"tenant_max_running": 2})
 
-    def submit(tenant: str):
-        job = jobs.create_job(
-            CreateJobRequest(name="r", task=ContainerTask(command=["true"])), tenant=tenant, deps=deps
-        )
-        return deps.store.list_runs(job.job_id)[0]
-
-    alices = [submit("alice") for _ in range(4)]
-    bob = submit("bob")
+    alices = [_run_now(deps, "alice") for _ in range(4)]
+    bob = _run_now(deps, "bob")
     drain(deps.settings.queue_url("small"))
     # When one worker's poll brings all five wake-ups and starts them together
     outcomes = runs.start_many([runs.message_for(r) for r in [*alices, bob]], deps, owner="w1")

@@ -157,6 +157,14 @@ def _plan_starts(
     planned: list[tuple[int, RunStart]] = []
     #: starts of this batch planned so far per tenant (they count against its RUNNING quota too)
     planned_by_tenant: dict[str, int] = {}
+    #: each tenant's RUNNING count, read once per batch (the batch's own starts are added above)
+    running: dict[str, int] = {}
+
+    def _running(tenant: str) -> int:
+        if tenant not in running:
+            running[tenant] = deps.store.count_running(tenant)
+        return running[tenant]
+
     for i, message in enumerate(messages):
         try:
             if message.attempt == 1:
@@ -169,8 +177,7 @@ def _plan_starts(
                 limit is not None
                 and message.tenant
                 and message.tier
-                and deps.store.count_running(message.tenant) + planned_by_tenant.get(message.tenant, 0)
-                >= limit
+                and _running(message.tenant) + planned_by_tenant.get(message.tenant, 0) >= limit
             ):
                 # the tenant is at its concurrency quota: look again shortly (the run stays PENDING, watched)
                 deps.queues.send(message.tier, message, delay=TENANT_BUSY_RETRY_SECONDS)

@@ -820,11 +820,35 @@ def _between_read_and_write(
 
     def read(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
         rows = real(sql, params)
-        if "IN (VALUES" in sql:
+        if "FROM keys JOIN runs" in sql:
             meanwhile()
         return rows
 
     monkeypatch.setattr(store.db, "read", read)
+
+
+def test_a_batch_of_transitions_looks_its_runs_up_by_key_not_by_a_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a file with 300 runs, and the batched start of 3 of them
+    store = SqliteStore(tmp_path / "s.sqlite")
+    runs = [put_run(store, make_job(f"scan-{i:03d}")) for i in range(300)]
+    reads: list[tuple[str, Any]] = []
+    real = store.db.read
+
+    def read(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        reads.append((sql, params))
+        return real(sql, params)
+
+    monkeypatch.setattr(store.db, "read", read)
+    lease = T0 + timedelta(seconds=LEASE)
+    outcomes = store.start_many([RunStart(r.job_id, T0, 1, "w", lease, T0, watch_at=lease) for r in runs[:3]])
+    assert all(isinstance(o, Run) and o.state is RunState.RUNNING for o in outcomes)
+    # Then its read of the rows searches the primary key for each (a row-value IN scans the whole table)
+    [(sql, params)] = [(q, p) for q, p in reads if "FROM runs" in q or "JOIN runs" in q]
+    plan = [str(row[3]) for row in real(f"EXPLAIN QUERY PLAN {sql}", params)]
+    assert any(step.startswith("SEARCH runs USING PRIMARY KEY") for step in plan), plan
+    assert not any(step.startswith("SCAN runs") for step in plan), plan
 
 
 def test_a_run_started_by_another_process_after_the_batch_read_it_is_not_started_twice(

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from duetime.config.observability import emit_metric, logger
+from duetime.config.observability import emit_metric, emit_metric_values, logger
 from duetime.domain import admission
 from duetime.domain.admission import (
     SLOT_TRIGGERS,
@@ -223,15 +223,18 @@ def _after_starts(
     deps: Deps,
     now: datetime,
 ) -> None:
+    lags: list[float] = []
     for (i, _), outcome in zip(planned, outcomes, strict=True):
         if isinstance(outcome, StartRejectedError):
             outcome = _rejected(messages[i], deps, now, outcome)
         elif isinstance(outcome, Run) and outcome.attempt == 1 and outcome.started_at is not None:
             # schedule lag, the "on time" promise: start minus due time of a run's first attempt (DESIGN.md 10)
-            emit_metric(
-                "ScheduleLag", (outcome.started_at - outcome.due_at).total_seconds(), MetricUnit.Seconds
-            )
+            lags.append((outcome.started_at - outcome.due_at).total_seconds())
         results[i] = outcome
+    try:
+        emit_metric_values("ScheduleLag", lags, MetricUnit.Seconds)  # one EMF line for the batch
+    except Exception as exc:  # noqa: BLE001 - a metric's failure never undoes the starts
+        logger.warning("schedule lag metric not emitted", extra={"error": str(exc)})
 
 
 def _rejected(message: RunMessage, deps: Deps, now: datetime, rejection: StartRejectedError) -> Exception:

@@ -738,8 +738,11 @@ class SqliteStore:
             chunk = keys[start : start + _IDS_PER_READ // 2]
             marks = ", ".join("(?, ?)" for _ in chunk)
             for got in self.db.read(
-                "SELECT job_id, due_at, doc, watch_shard, active_job, running_tenant, dead_letter_tenant"
-                f" FROM runs WHERE (job_id, due_at) IN (VALUES {marks})",  # noqa: S608 - placeholders only
+                # a join with the keys, not "(job_id, due_at) IN (VALUES ...)": SQLite scans the whole table
+                # for a row-value IN, but looks each key up in the primary key for the join
+                f"WITH keys (job_id, due_at) AS (VALUES {marks})"  # noqa: S608 - placeholders only
+                " SELECT runs.job_id, runs.due_at, doc, watch_shard, active_job, running_tenant,"
+                " dead_letter_tenant FROM keys JOIN runs ON runs.job_id = keys.job_id AND runs.due_at = keys.due_at",
                 [part for key in chunk for part in key],
             ):
                 seen[(str(got[0]), str(got[1]))] = tuple(got[2:])

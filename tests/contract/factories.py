@@ -66,7 +66,7 @@ def make_job(
 
 def make_run(job: Job, due_at: datetime = T0, *, now: datetime | None = None, **update: object) -> Run:
     """The PENDING first attempt a claim creates for ``job`` at ``due_at`` (created at ``now``)."""
-    run = build_run(job, due_at, now=now or due_at, pending_grace_seconds=GRACE, trigger=Trigger.SCHEDULE)
+    run = build_run(job, due_at, now=now or due_at, watch_after_seconds=GRACE, trigger=Trigger.SCHEDULE)
     return run.model_copy(update=update) if update else run
 
 
@@ -116,7 +116,7 @@ def attempt_end(
         outcome=outcome,
         now=now,
         fencing_token=run.fencing_token if token is None else token,
-        pending_grace_seconds=GRACE,
+        watch_after_seconds=GRACE,
         worker=run.lease_owner,
         exit_code=exit_code if exit_code is not None else (0 if outcome is RunState.SUCCEEDED else 1),
         error=None if outcome is RunState.SUCCEEDED else f"attempt {run.attempt}: {outcome.value}",

@@ -89,7 +89,7 @@ def make_job(
 
 
 def make_run(job: Job, due_at: datetime = T0, **update: Any) -> Run:
-    run = build_run(job, due_at, now=due_at, pending_grace_seconds=GRACE, trigger=Trigger.SCHEDULE)
+    run = build_run(job, due_at, now=due_at, watch_after_seconds=GRACE, trigger=Trigger.SCHEDULE)
     return run.model_copy(update=update) if update else run
 
 
@@ -128,7 +128,7 @@ def ending(run: Run, outcome: RunState, *, now: datetime, token: int | None = No
         outcome=outcome,
         now=now,
         fencing_token=run.fencing_token if token is None else token,
-        pending_grace_seconds=GRACE,
+        watch_after_seconds=GRACE,
         worker=run.lease_owner,
         exit_code=0 if outcome is RunState.SUCCEEDED else 1,
         error=None if outcome is RunState.SUCCEEDED else "boom",
@@ -384,7 +384,7 @@ def test_start_heartbeat_and_end_under_stale_tokens_change_nothing(store: Sqlite
             store.end_attempt(ending(running, RunState.SUCCEEDED, now=T0 + S, token=token))
     assert store.get_run("fenced", T0) == running
     beat = store.heartbeat("fenced", T0, fencing_token=1, lease_expires_at=T0 + timedelta(minutes=1))
-    assert (beat.lease_expires_at, beat.watch_at) == (T0 + timedelta(minutes=1),) * 2
+    assert (beat.lease_expires_at, beat.watch_at) == (T0 + timedelta(minutes=1), running.watch_at)
     # the sweeper read the old lease: the heartbeat won
     stale_expiry = ending(running, RunState.FAILED, now=T0 + 30 * S).with_fence(lease_expired_by=T0 + 30 * S)
     with pytest.raises(LeaseLostError):

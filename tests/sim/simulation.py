@@ -926,6 +926,8 @@ def _port_conditions(
             equal["watch_at"] = a["seen_watch_at"]
     elif name == "release_retry":
         equal = {"state": _RETRY_WAIT, "attempt": a["attempt"]}
+    elif name == "rewatch_running":
+        equal = {"state": _RUNNING, "fencing_token": a["fencing_token"]}
     elif name == "cancel":
         run = a["run"]
         equal = {"state": run.state.value, "fencing_token": run.fencing_token}

@@ -56,7 +56,7 @@ def _job(**changes: object) -> Job:
 def _running(
     job: Job, *, attempt: int = 1, history: list[AttemptRecord] | None = None, **changes: object
 ) -> Run:
-    run = build_run(job, T0, now=T0, pending_grace_seconds=GRACE, trigger=Trigger.SCHEDULE)
+    run = build_run(job, T0, now=T0, watch_after_seconds=GRACE, trigger=Trigger.SCHEDULE)
     return run.model_copy(
         update={
             "state": RunState.RUNNING,
@@ -80,7 +80,7 @@ def _end(run: Run, outcome: RunState, **kw: object):  # type: ignore[no-untyped-
         outcome=outcome,
         now=T0 + timedelta(minutes=2),
         fencing_token=run.fencing_token,
-        pending_grace_seconds=GRACE,
+        watch_after_seconds=GRACE,
         worker="w1",
         **kw,  # type: ignore[arg-type]
     )
@@ -204,9 +204,9 @@ def test_a_triggered_run_is_named_by_the_deadline_so_every_path_makes_the_same_o
     deadline = T0 + timedelta(seconds=61, microseconds=123_456)
     timed_out = _running(_job(), deadline_at=deadline)
     target = _job(job_id="cleanup", name="cleanup")
-    first = timeout_triggered_run(timed_out, target, now=NOW, pending_grace_seconds=GRACE)
+    first = timeout_triggered_run(timed_out, target, now=NOW, watch_after_seconds=GRACE)
     again = timeout_triggered_run(
-        timed_out, target, now=NOW + timedelta(minutes=5), pending_grace_seconds=GRACE
+        timed_out, target, now=NOW + timedelta(minutes=5), watch_after_seconds=GRACE
     )
     assert first.due_at == again.due_at == T0 + timedelta(seconds=61, milliseconds=123)
     assert (first.trigger, first.triggered_by, first.job_id) == (
@@ -218,7 +218,7 @@ def test_a_triggered_run_is_named_by_the_deadline_so_every_path_makes_the_same_o
 
 def test_a_new_run_is_watched_from_its_grace_or_its_starting_deadline() -> None:
     run = build_run(
-        _job(), T0, now=T0 - timedelta(seconds=5), pending_grace_seconds=GRACE, trigger=Trigger.SCHEDULE
+        _job(), T0, now=T0 - timedelta(seconds=5), watch_after_seconds=GRACE, trigger=Trigger.SCHEDULE
     )
     assert (run.state, run.attempt, run.watch_at, run.start_deadline_at) == (
         RunState.PENDING,
@@ -227,7 +227,7 @@ def test_a_new_run_is_watched_from_its_grace_or_its_starting_deadline() -> None:
         None,
     )
     tight = build_run(
-        _job(starting_deadline_seconds=10), T0, now=T0, pending_grace_seconds=GRACE, trigger=Trigger.SCHEDULE
+        _job(starting_deadline_seconds=10), T0, now=T0, watch_after_seconds=GRACE, trigger=Trigger.SCHEDULE
     )
     assert tight.watch_at == tight.start_deadline_at == T0 + timedelta(seconds=10)
 

@@ -100,7 +100,7 @@ def decide_attempt_end(
     outcome: RunState,
     now: datetime,
     fencing_token: int,
-    pending_grace_seconds: float,
+    watch_after_seconds: float,
     worker: str | None = None,
     exit_code: int | None = None,
     error: str | None = None,
@@ -125,7 +125,8 @@ def decide_attempt_end(
         outcome: SUCCEEDED, FAILED or TIMED_OUT.
         now: the end's instant (UTC).
         fencing_token: the token the end is applied under.
-        pending_grace_seconds: how long after ``retry_at`` the sweeper backs up the retry's wake-up message.
+        watch_after_seconds: how long after ``retry_at`` the sweeper first looks at the run (backing up the
+            retry's wake-up message; :attr:`Settings.first_watch_seconds`).
         worker, exit_code, error, log_key, reason: recorded on the attempt (and the run's last outcome).
 
     Raises:
@@ -183,7 +184,7 @@ def decide_attempt_end(
         delay = 0.0 if free else backoff_delay(run.retry, max(1, failed_in_budget))
         retry_at = now + timedelta(seconds=delay)
         # a delayed message wakes the retry up directly; the sweeper is the backstop one grace period later
-        backstop = pending_grace_seconds if delay <= MAX_MESSAGE_DELAY_SECONDS else 0.0
+        backstop = watch_after_seconds if delay <= MAX_MESSAGE_DELAY_SECONDS else 0.0
         return replace(
             base,
             state=RunState.RETRY_WAIT,
@@ -211,16 +212,18 @@ def build_run(
     due_at: datetime,
     *,
     now: datetime,
-    pending_grace_seconds: float,
+    watch_after_seconds: float,
     trigger: Trigger,
     missed_slots: int = 0,
 ) -> Run:
     """A fresh PENDING first attempt of ``job`` at ``due_at`` (UTC), created ``now``.
 
-    It is watched from ``max(due_at, now) + pending_grace_seconds`` (a lost wake-up is re-sent then), or
-    from its starting deadline when that comes first (``job.starting_deadline_seconds`` after ``due_at``).
+    It is watched from ``max(due_at, now) + watch_after_seconds`` (:attr:`Settings.first_watch_seconds`: the
+    sweeper's first look, which re-sends a lost wake-up once the pending grace has passed and finds a worker
+    that died early in the run; a start and heartbeats leave the watch time), or from its starting deadline
+    when that comes first (``job.starting_deadline_seconds`` after ``due_at``).
     """
-    grace = timedelta(seconds=pending_grace_seconds)
+    grace = timedelta(seconds=watch_after_seconds)
     deadline = (
         due_at + timedelta(seconds=job.starting_deadline_seconds)
         if job.starting_deadline_seconds is not None
@@ -251,7 +254,7 @@ def build_run(
     )
 
 
-def timeout_triggered_run(timed_out: Run, target: Job, *, now: datetime, pending_grace_seconds: float) -> Run:
+def timeout_triggered_run(timed_out: Run, target: Job, *, now: datetime, watch_after_seconds: float) -> Run:
     """The run of ``target`` that ``timed_out``'s ``on_timeout: trigger`` creates.
 
     Its due time is the timed-out attempt's deadline (else its end, else ``now``), to the millisecond, so the
@@ -259,7 +262,7 @@ def timeout_triggered_run(timed_out: Run, target: Job, *, now: datetime, pending
     """
     due_at = truncate_ms(timed_out.deadline_at or timed_out.finished_at or now)
     return build_run(
-        target, due_at, now=now, pending_grace_seconds=pending_grace_seconds, trigger=Trigger.TIMEOUT_HANDLER
+        target, due_at, now=now, watch_after_seconds=watch_after_seconds, trigger=Trigger.TIMEOUT_HANDLER
     ).model_copy(update={"triggered_by": timed_out.run_id})
 
 

@@ -55,8 +55,9 @@ class RunStart:
     """One start of a run's attempt (PENDING at ``attempt``, or RETRY_WAIT at ``attempt - 1`` past its
     ``retry_at`` -> RUNNING, fencing token + 1), as :meth:`RunStore.start` takes it: ``owner`` holds the lease
     until ``lease_expires_at``; ``now`` is the start instant (``started_at``, the starting deadline's test);
-    ``deadline_at`` ends the attempt's time (its timeout); ``watch_at`` is when the sweeper looks (default the
-    lease's end); ``running_tenant`` counts the run under its tenant's RUNNING quota. Instants UTC."""
+    ``deadline_at`` ends the attempt's time (its timeout); ``watch_at``, given, is when the sweeper looks next
+    (None leaves the run's watch time as it is: a lower bound, see :meth:`RunStore.rewatch_running`);
+    ``running_tenant`` counts the run under its tenant's RUNNING quota. Instants UTC."""
 
     job_id: str
     due_at: datetime
@@ -216,7 +217,20 @@ class RunStore(Protocol):
         lease_expires_at: datetime,
         watch_at: datetime | None = None,
     ) -> Run:
-        """Extend the lease while RUNNING under ``fencing_token``. Raises LeaseLostError otherwise."""
+        """Extend the lease while RUNNING under ``fencing_token`` (and, given ``watch_at``, set the watch
+        time; None leaves it). Raises LeaseLostError otherwise."""
+
+    def rewatch_running(
+        self, job_id: str, due_at: datetime, *, fencing_token: int, watch_at: datetime
+    ) -> Run | None:
+        """Move a RUNNING run's watch time to ``watch_at`` while it runs under ``fencing_token``; None if it
+        moved on.
+
+        A run's watch time is a lower bound of the moment the sweeper must look at it, moved later lazily:
+        a start and a heartbeat leave it (with a KEYS_ONLY watchdog index that costs no index write), a
+        start moves it earlier only for a deadline due before it, and the sweeper, finding a RUNNING run
+        whose lease and deadline are still ahead, moves it to the sooner of the two with this call. So a
+        run that ends before its claim-time watch time (its due time + the pending grace) never moves."""
 
     def end_attempt(self, end: AttemptEnd) -> Run:
         """Apply ``end`` while the run is RUNNING under ``end.expected_token`` (and, with

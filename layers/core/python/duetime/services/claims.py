@@ -60,7 +60,7 @@ def new_run(job: Job, due_at: datetime, deps: Deps, *, trigger: Trigger, missed_
         job,
         due_at,
         now=deps.clock.now(),
-        pending_grace_seconds=deps.settings.pending_grace_seconds,
+        watch_after_seconds=deps.settings.first_watch_seconds,
         trigger=trigger,
         missed_slots=missed_slots,
     )

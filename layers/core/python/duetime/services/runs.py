@@ -191,9 +191,7 @@ def _plan_starts(
         deadline_at = (
             now + timedelta(seconds=message.timeout_seconds) if message.timeout_seconds is not None else None
         )
-        watch_at = lease_expires_at
-        if deadline_at is not None:
-            watch_at = min(watch_at, handler_due_at(deadline_at, message.kill_grace_seconds, deps))
+        watch_at = _start_watch_at(message, lease_expires_at, deadline_at, deps)
         if message.tenant:
             planned_by_tenant[message.tenant] = planned_by_tenant.get(message.tenant, 0) + 1
         planned.append(
@@ -213,6 +211,28 @@ def _plan_starts(
             )
         )
     return results, planned
+
+
+def _start_watch_at(
+    message: RunMessage, lease_expires_at: datetime, deadline_at: datetime | None, deps: Deps
+) -> datetime | None:
+    """The watch time a start sets: None (it stays, the lazy rule of :meth:`RunStore.rewatch_running`) for
+    a first attempt whose timeout handler is not due before the earliest watch time its run can hold now;
+    else the sooner of its lease's end and its handler's due time (as every start did before: never later
+    than either, so a dead worker is still found at its lease's end).
+
+    For a first attempt that earliest time is its due time + ``first_watch_seconds`` (the claim's watch
+    time, unless a starting deadline made it earlier, which only makes the sweeper look sooner). A run
+    claimed late, re-sent or released by a resume watches later: its handler, and the finding of its worker
+    dead, then wait for that watch time (the worker enforces the timeout itself; the handler is the
+    backstop). A retry's watch time is not known from its message, so a retry always sets it."""
+    watch_at = lease_expires_at
+    if deadline_at is not None:
+        watch_at = min(watch_at, handler_due_at(deadline_at, message.kill_grace_seconds, deps))
+    earliest = message.due_at + timedelta(seconds=deps.settings.first_watch_seconds)
+    if message.attempt == 1 and earliest <= watch_at:
+        return None
+    return watch_at
 
 
 def _after_starts(
@@ -554,15 +574,9 @@ def heartbeat(run: Run, deps: Deps, *, fencing_token: int) -> Run:
         LeaseLostError: the caller no longer holds the run; it must stop the task at once.
     """
     lease_expires_at = deps.clock.now() + timedelta(seconds=deps.settings.lease_seconds)
-    watch_at = lease_expires_at
-    if run.deadline_at is not None:
-        watch_at = min(watch_at, handler_due_at(run.deadline_at, run.on_timeout.kill_grace_seconds, deps))
+    # the watch time stays (no watchdog index write): the sweeper moves it when it comes due
     return deps.store.heartbeat(
-        run.job_id,
-        run.due_at,
-        fencing_token=fencing_token,
-        lease_expires_at=lease_expires_at,
-        watch_at=watch_at,
+        run.job_id, run.due_at, fencing_token=fencing_token, lease_expires_at=lease_expires_at
     )
 
 
@@ -675,7 +689,7 @@ def _plan_ends(
                 outcome=item.outcome,
                 now=item.ended_at or now,
                 fencing_token=item.fencing_token,
-                pending_grace_seconds=deps.settings.pending_grace_seconds,
+                watch_after_seconds=deps.settings.first_watch_seconds,
                 worker=item.run.lease_owner,
                 exit_code=item.exit_code,
                 error=item.error,
@@ -757,7 +771,7 @@ def trigger_on_timeout(run: Run, deps: Deps) -> Run | None:
         return None
     assert target is not None
     triggered = timeout_triggered_run(
-        run, target, now=deps.clock.now(), pending_grace_seconds=deps.settings.pending_grace_seconds
+        run, target, now=deps.clock.now(), watch_after_seconds=deps.settings.first_watch_seconds
     )
     try:
         deps.store.put_new_run(triggered)
@@ -806,7 +820,7 @@ def expire_lease(run: Run, deps: Deps) -> Run:
         outcome=RunState.FAILED,
         now=now,
         fencing_token=run.fencing_token,
-        pending_grace_seconds=deps.settings.pending_grace_seconds,
+        watch_after_seconds=deps.settings.first_watch_seconds,
         worker=run.lease_owner,
         error="worker lost: lease expired without a heartbeat",
         # the worker streamed the attempt's output in chunks while it ran: what it sent before dying stays

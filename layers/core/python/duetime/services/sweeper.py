@@ -5,7 +5,11 @@ action is a conditional update, so running it twice at once is safe:
 - PENDING and held by its job's pause: while the job is paused, look again later; once it is not (a resume
   that missed the run), settle it as the resume does (:func:`duetime.services.runs.release_held`).
 - PENDING past due + grace: the message was lost (or is late); re-send it ([S0] "the run row is the truth"),
-  unless attempt 1 is past its starting deadline: then it is SKIPPED.
+  unless attempt 1 is past its starting deadline: then it is SKIPPED. A run is first looked at sooner
+  (:attr:`~duetime.config.settings.Settings.first_watch_seconds`): still PENDING then, it is watched again
+  at the end of its grace.
+- RUNNING whose lease and deadline are still ahead (its watch time is a lower bound: starts and heartbeats
+  leave it): watched again at the sooner of the two.
 - RUNNING past its deadline (plus the worker's kill grace and one heartbeat): the worker is stuck or cut
   off; the timeout-handler state machine fences the attempt and applies ``on_timeout`` (:mod:`timeouts`).
 - RUNNING with an expired lease: the attempt failed with reason ``worker_lost``; retry rules apply.
@@ -17,7 +21,7 @@ action is a conditional update, so running it twice at once is safe:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from duetime.config.observability import logger
 from duetime.domain.errors import LeaseLostError
@@ -39,6 +43,8 @@ class SweepResult:
     deadline_skipped: int = 0
     timeouts_handled: int = 0
     held_rechecked: int = 0
+    #: RUNNING runs whose lease and deadline were still ahead: watched again at the sooner of the two
+    rewatched: int = 0
     skipped: int = 0
 
 
@@ -57,6 +63,12 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
                 if run.attempt == 1 and run.start_deadline_at is not None and now > run.start_deadline_at:
                     skip(run, deps, reason="starting_deadline_exceeded")
                     result.deadline_skipped += 1
+                elif now < (resend_at := _resend_at(run, deps)):
+                    # its first look came before its pending grace ended: not lost yet, look again then
+                    if _defer(run, resend_at, deps):
+                        result.rewatched += 1
+                    else:
+                        result.skipped += 1
                 elif _resend(run, deps):
                     result.resent += 1
                 else:
@@ -71,6 +83,8 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
                     expire_lease(run, deps)
                     result.leases_expired += 1
                     logger.warning("lease expired", extra={"run_id": run.run_id, "attempt": run.attempt})
+                elif _rewatch(run, deps):
+                    result.rewatched += 1
                 else:
                     result.skipped += 1
             elif run.state is RunState.RETRY_WAIT:
@@ -83,6 +97,38 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
         except LeaseLostError:
             result.skipped += 1  # someone else moved the run on meanwhile: nothing to do
     return result
+
+
+def _resend_at(run: Run, deps: Deps) -> datetime:
+    """When a PENDING run counts as lost (its message re-sent): a first attempt one pending grace after
+    its due time, or after its claim if that came later; any other (a retry released by the sweeper, a run
+    released by a resume or a redrive, one already re-sent) when its watch time comes, set one grace on."""
+    if run.attempt == 1:
+        return max(run.due_at, run.created_at) + timedelta(seconds=deps.settings.pending_grace_seconds)
+    return run.watch_at or run.due_at
+
+
+def _defer(run: Run, watch_at: datetime, deps: Deps) -> bool:
+    """Watch a PENDING run again at ``watch_at`` (only the sweeper that saw its watch time moves it)."""
+    return (
+        deps.store.defer_pending(
+            run.job_id, run.due_at, attempt=run.attempt, seen_watch_at=run.watch_at, watch_at=watch_at
+        )
+        is not None
+    )
+
+
+def _rewatch(run: Run, deps: Deps) -> bool:
+    """A RUNNING run whose watch time came while its lease and deadline are still ahead (heartbeats renew
+    the lease without moving the watch time): watch it again at the sooner of the two. False if it moved
+    on."""
+    assert run.lease_expires_at is not None
+    watch_at = run.lease_expires_at
+    if run.deadline_at is not None:
+        watch_at = min(watch_at, handler_due_at(run.deadline_at, run.on_timeout.kill_grace_seconds, deps))
+    return deps.store.rewatch_running(
+        run.job_id, run.due_at, fencing_token=run.fencing_token, watch_at=watch_at
+    ) is not None
 
 
 def _recheck_held(run: Run, deps: Deps) -> bool:

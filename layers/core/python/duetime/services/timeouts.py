@@ -68,7 +68,7 @@ def plan_timeout(run: Run, deps: Deps) -> TimeoutPlan:
         outcome=RunState.TIMED_OUT,
         now=now,
         fencing_token=run.fencing_token,
-        pending_grace_seconds=deps.settings.pending_grace_seconds,
+        watch_after_seconds=deps.settings.first_watch_seconds,
         worker=run.lease_owner,
         error=f"timed out after {run.timeout_seconds} s; the worker did not stop it (timeout handler)",
         reason="timeout_handler",
@@ -80,7 +80,7 @@ def plan_timeout(run: Run, deps: Deps) -> TimeoutPlan:
         target = deps.store.get_job(run.on_timeout.job_id)
         if target is not None and triggerable(target, run.tenant):
             new = timeout_triggered_run(
-                run, target, now=now, pending_grace_seconds=deps.settings.pending_grace_seconds
+                run, target, now=now, watch_after_seconds=deps.settings.first_watch_seconds
             )
             triggered = (new, message_for(new))
     if end.terminal and run.overlap.enforced:

@@ -428,30 +428,35 @@ class DynamoStore:
         ], next_key
 
     def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
-        """The stored jobs among ``job_ids`` (absent ones left out), by id; strongly consistent.
+        """The stored jobs among ``job_ids`` (absent ones left out), by id; strongly consistent
+        (:meth:`_batch_get`).
 
-        One ``BatchGetItem`` per 100 ids (its limit); keys DynamoDB leaves unprocessed (throttling) are asked
+        Raises:
+            ThrottledError: keys were still unprocessed after the last try.
+        """
+        unique = list(dict.fromkeys(job_ids))
+        items = self._batch_get(self.jobs_table, [serialize({JOBS_PK: i}) for i in unique])
+        jobs = [job_from_item(deserialize(item)) for item in items]
+        return {job.job_id: job for job in jobs}
+
+    def _batch_get(self, table: str, keys: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The items (DynamoDB JSON) of ``keys`` in ``table``, absent ones left out, in no particular order;
+        strongly consistent.
+
+        One ``BatchGetItem`` per 100 keys (its limit); keys DynamoDB leaves unprocessed (throttling) are asked
         again with exponential backoff (AWS's advice for ``UnprocessedKeys``), up to 8 times.
 
         Raises:
             ThrottledError: keys were still unprocessed after the last try.
         """
-        jobs: dict[str, Job] = {}
-        unique = list(dict.fromkeys(job_ids))
-        for first in range(0, len(unique), 100):
-            request: dict[str, Any] = {
-                self.jobs_table: {
-                    "Keys": [serialize({JOBS_PK: i}) for i in unique[first : first + 100]],
-                    "ConsistentRead": True,
-                }
-            }
+        found: list[dict[str, Any]] = []
+        for first in range(0, len(keys), 100):
+            request: dict[str, Any] = {table: {"Keys": list(keys[first : first + 100]), "ConsistentRead": True}}
 
             def fetch() -> dict[str, Any]:
                 nonlocal request
                 out = self._ddb.batch_get_item(RequestItems=request)
-                for item in out.get("Responses", {}).get(self.jobs_table, []):
-                    job = job_from_item(deserialize(item))
-                    jobs[job.job_id] = job
+                found.extend(out.get("Responses", {}).get(table, []))
                 request = out.get("UnprocessedKeys") or {}
                 return request
 
@@ -462,9 +467,9 @@ class DynamoStore:
                 retry_error_callback=_last_result,
             )(fetch)
             if left:
-                keys = len(left.get(self.jobs_table, {}).get("Keys", []))
-                raise ThrottledError(f"{keys} jobs still unprocessed after 8 BatchGetItem tries")
-        return jobs
+                count = len(left.get(table, {}).get("Keys", []))
+                raise ThrottledError(f"{count} items of {table} still unprocessed after 8 BatchGetItem tries")
+        return found
 
     def _collect(
         self,
@@ -674,7 +679,8 @@ class DynamoStore:
         return [run_from_item(deserialize(i)) for i in out.get("Items", [])]
 
     def query_overdue(self, shard: int, until: datetime, *, page_size: int = 200) -> Iterator[Run]:
-        """Non-terminal runs of ``shard`` whose ``watch_at <= until`` (watchdog GSI), oldest first."""
+        """Non-terminal runs of ``shard`` whose ``watch_at <= until`` (watchdog GSI, then the runs read
+        whole), oldest first."""
         kwargs: dict[str, Any] = {
             "TableName": self.runs_table,
             "IndexName": WATCH_INDEX,
@@ -685,8 +691,21 @@ class DynamoStore:
         }
         while True:
             out = self._ddb.query(**kwargs)
-            for item in out.get("Items", []):
-                yield run_from_item(deserialize(item))
+            # the index holds keys only (KEYS_ONLY: a write that leaves the watch key costs it nothing): the
+            # page's runs are read whole, strongly consistent, and kept in the index's order; one that moved
+            # on meanwhile (ended, or watched later) is left out
+            entries = out.get("Items", [])
+            keys = [{RUNS_PK: e[RUNS_PK], RUNS_SK: e[RUNS_SK]} for e in entries]
+            by_key = {
+                (str(i[RUNS_PK]["S"]), str(i[RUNS_SK]["S"])): i for i in self._batch_get(self.runs_table, keys)
+            }
+            for entry in entries:
+                item = by_key.get((str(entry[RUNS_PK]["S"]), str(entry[RUNS_SK]["S"])))
+                if item is None:
+                    continue
+                run = run_from_item(deserialize(item))
+                if not run.state.terminal and run.watch_at is not None and run.watch_at <= until:
+                    yield run
             if "LastEvaluatedKey" not in out:
                 return
             kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
@@ -907,8 +926,9 @@ class DynamoStore:
             lease_owner=owner,
             lease_expires_at=lease_expires_at,
             started_at=now,
-            watch_at=watch_at or lease_expires_at,
         )
+        if watch_at is not None:  # else the watch time stays (a lower bound: the sweeper moves it later)
+            upd.sets["watch_at"] = watch_at
         if deadline_at is not None:
             upd.sets["deadline_at"] = deadline_at
         if running_tenant is not None:
@@ -957,11 +977,22 @@ class DynamoStore:
             LeaseLostError: the token is stale or the run is no longer RUNNING; stop the task.
         """
         upd = Update(conditions={"state": RunState.RUNNING.value, "fencing_token": fencing_token})
-        upd.sets.update(lease_expires_at=lease_expires_at, watch_at=watch_at or lease_expires_at)
+        upd.sets["lease_expires_at"] = lease_expires_at
+        if watch_at is not None:  # else the watch key stays: no watchdog index write (KEYS_ONLY)
+            upd.sets["watch_at"] = watch_at
         try:
             return self._update_run(job_id, due_at, upd)
         except ConditionFailedError:
             raise LeaseLostError(f"lease on {job_id}@{to_iso(due_at)} token {fencing_token} lost") from None
+
+    def rewatch_running(
+        self, job_id: str, due_at: datetime, *, fencing_token: int, watch_at: datetime
+    ) -> Run | None:
+        """Move a RUNNING run's watch time to ``watch_at`` while it runs under ``fencing_token`` (the sweeper,
+        finding its lease and deadline still ahead); None if it moved on."""
+        upd = Update(conditions={"state": RunState.RUNNING.value, "fencing_token": fencing_token})
+        upd.sets["watch_at"] = watch_at
+        return self._try_update_run(job_id, due_at, upd)
 
     def _end_attempt_update(self, end: AttemptEnd) -> Update:
         """The conditional UpdateItem that applies ``end`` (also the timeout handler's fence)."""

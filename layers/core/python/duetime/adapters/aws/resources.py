@@ -30,7 +30,7 @@ CREATED_AT_KEY = "created_at"
 # --- runs table -------------------------------------------------------------------------------------------
 RUNS_PK = "job_id"
 RUNS_SK = "due_at"
-#: watchdog GSI: (watch_shard, watch_at); sparse, holds only non-terminal runs.
+#: watchdog GSI: (watch_shard, watch_at); sparse, holds only non-terminal runs; KEYS_ONLY.
 WATCH_INDEX = "watchdog"
 WATCH_INDEX_PK = "watch_shard"
 WATCH_INDEX_SK = "watch_at"
@@ -155,7 +155,9 @@ def runs_table_definition(name: str) -> dict[str, Any]:
                     {"AttributeName": WATCH_INDEX_PK, "KeyType": "HASH"},
                     {"AttributeName": WATCH_INDEX_SK, "KeyType": "RANGE"},
                 ],
-                "Projection": {"ProjectionType": "ALL"},
+                # keys only: a run's writes that leave its watch key (heartbeats, events, most starts) cost
+                # the index nothing; the sweeper reads the few overdue runs whole (BatchGetItem)
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
             },
             {
                 "IndexName": ACTIVE_INDEX,

@@ -186,8 +186,9 @@ def _start_edit(item: RunStart) -> _Edit:
             "lease_owner": owner,
             "lease_expires_at": lease_expires_at,
             "started_at": now,
-            "watch_at": watch_at or lease_expires_at,
         }
+        if watch_at is not None:  # else the watch time stays (a lower bound: the sweeper moves it later)
+            sets["watch_at"] = watch_at
         if deadline_at is not None:
             sets["deadline_at"] = deadline_at
         if running_tenant is not None:
@@ -901,12 +902,27 @@ class SqliteStore:
                 row.get("state") == RunState.RUNNING.value and row.get("fencing_token") == fencing_token
             ),
             lambda row: row.edit(
-                sets={"lease_expires_at": lease_expires_at, "watch_at": watch_at or lease_expires_at}
+                sets={"lease_expires_at": lease_expires_at}
+                | ({"watch_at": watch_at} if watch_at is not None else {})
             ),
         )
         if run is None:
             raise LeaseLostError(f"lease on {job_id}@{to_iso(due_at)} token {fencing_token} lost")
         return run
+
+    def rewatch_running(
+        self, job_id: str, due_at: datetime, *, fencing_token: int, watch_at: datetime
+    ) -> Run | None:
+        """Move a RUNNING run's watch time to ``watch_at`` while it runs under ``fencing_token``; None if it
+        moved on."""
+        return self._update_run(
+            job_id,
+            due_at,
+            lambda row: (
+                row.get("state") == RunState.RUNNING.value and row.get("fencing_token") == fencing_token
+            ),
+            lambda row: row.edit(sets={"watch_at": watch_at}),
+        )
 
     def end_attempt(self, end: AttemptEnd) -> Run:
         """Apply ``end`` while the run is RUNNING under ``end.expected_token`` (and, with

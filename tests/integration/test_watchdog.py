@@ -1,0 +1,119 @@
+"""The watchdog's lazy watch times, through the real services on moto (the RunStore's ``rewatch_running`` is
+held to both adapter sets in tests/contract/test_fencing.py).
+
+A run's watch time is a lower bound of when the sweeper must look at it (``Settings.first_watch_seconds``:
+the sooner of the pending grace and the lease, after its due time): starts and heartbeats leave it, so a
+run that ends sooner never moves in the watchdog index; the sweeper moves it when it comes.
+Settings of these tests: lease 30 s, heartbeat 10 s, pending grace 60 s.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from duetime.domain.api_models import CreateJobRequest
+from duetime.domain.lifecycle import message_for
+from duetime.domain.models import ContainerTask, Run, RunState
+from duetime.services import jobs, runs
+from duetime.services.deps import Deps
+from duetime.services.sweeper import sweep
+from tests.conftest import T0
+
+FIRST_LOOK = T0 + timedelta(seconds=30)  # min(pending grace 60, lease 30) after the due time (T0)
+
+
+def _submitted(deps: Deps, **kw: Any) -> Run:
+    """A run-now job's run, claimed at submit (due T0), PENDING with its message sent."""
+    job = jobs.create_job(
+        CreateJobRequest(name="w", task=ContainerTask(command=["true"]), **kw), tenant="t1", deps=deps
+    )
+    [run] = deps.store.list_runs(job.job_id)
+    return run
+
+
+def _sweep_all(deps: Deps) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for shard in range(deps.settings.shard_count):
+        result = sweep(shard, deps)
+        for name in ("resent", "leases_expired", "rewatched", "timeouts_handled"):
+            totals[name] = totals.get(name, 0) + getattr(result, name)
+    return totals
+
+
+def _messages(deps: Deps) -> int:
+    return len(deps.queues.receive("small", max_messages=10, wait_seconds=0, visibility_seconds=0))
+
+
+def test_a_run_that_ends_before_its_first_look_never_moves_in_the_watchdog(deps: Deps, clock) -> None:
+    run = _submitted(deps)
+    assert run.watch_at == FIRST_LOOK
+    started = runs.start(message_for(run), deps, owner="w1")
+    # the start and a heartbeat renew the lease but leave the watch time
+    assert started.watch_at == FIRST_LOOK and started.lease_expires_at == T0 + timedelta(seconds=30)
+    clock.advance(10)
+    beat = runs.heartbeat(started, deps, fencing_token=started.fencing_token)
+    assert beat.watch_at == FIRST_LOOK and beat.lease_expires_at == T0 + timedelta(seconds=40)
+    clock.advance(5)
+    ended = runs.finish(started, deps, fencing_token=started.fencing_token, outcome=RunState.SUCCEEDED)
+    assert ended.state is RunState.SUCCEEDED
+    clock.advance(60)
+    assert list(deps.store.query_overdue(run.shard, clock.now())) == []
+
+
+def test_a_long_run_is_watched_again_at_its_lease_end_and_a_dead_worker_is_found_within_lease_and_a_sweep(
+    deps: Deps, clock
+) -> None:
+    run = _submitted(deps)
+    started = runs.start(message_for(run), deps, owner="w1")
+    clock.advance(20)
+    runs.heartbeat(started, deps, fencing_token=started.fencing_token)  # lease to T0 + 50
+    # At its first look the run is still running under a live lease: watched again at the lease's end
+    clock.advance(10)
+    assert _sweep_all(deps) == {"resent": 0, "leases_expired": 0, "rewatched": 1, "timeouts_handled": 0}
+    now = deps.store.get_run(run.job_id, run.due_at)
+    assert now is not None and now.state is RunState.RUNNING and now.watch_at == T0 + timedelta(seconds=50)
+    # The worker dies after that heartbeat: nothing happens before its lease ends, the attempt fails then
+    clock.advance(19.999)
+    assert _sweep_all(deps)["leases_expired"] == 0
+    clock.advance(0.001)
+    assert _sweep_all(deps)["leases_expired"] == 1
+    lost = deps.store.get_run(run.job_id, run.due_at)
+    assert lost is not None and lost.state is RunState.RETRY_WAIT
+    assert [(a.attempt, a.reason) for a in lost.attempts] == [(1, "worker_lost")]
+
+
+def test_a_worker_that_dies_early_in_a_run_is_found_at_its_lease_end(deps: Deps, clock) -> None:
+    run = _submitted(deps)
+    runs.start(message_for(run), deps, owner="w1")  # lease to T0 + 30, the first look too
+    clock.advance(29.999)
+    assert _sweep_all(deps)["leases_expired"] == 0
+    clock.advance(0.001)
+    assert _sweep_all(deps) == {"resent": 0, "leases_expired": 1, "rewatched": 0, "timeouts_handled": 0}
+
+
+def test_a_pending_run_at_its_first_look_is_resent_only_once_its_grace_has_passed(deps: Deps, clock) -> None:
+    run = _submitted(deps)
+    assert _messages(deps) == 1  # the submit's wake-up
+    # At its first look (30 s) it is still PENDING, within its pending grace (60 s): watched again then
+    clock.advance(30)
+    assert _sweep_all(deps) == {"resent": 0, "leases_expired": 0, "rewatched": 1, "timeouts_handled": 0}
+    waiting = deps.store.get_run(run.job_id, run.due_at)
+    assert waiting is not None and waiting.watch_at == T0 + timedelta(seconds=60)
+    assert _messages(deps) == 1
+    # Once the grace has passed its message is re-sent
+    clock.advance(30)
+    assert _sweep_all(deps)["resent"] == 1
+    assert _messages(deps) == 2
+
+
+def test_a_start_whose_timeout_handler_is_due_before_the_first_look_watches_for_it(deps: Deps, clock) -> None:
+    # timeout 5 s: the handler is due at start + 5 + the job's kill grace (its default, 10 s) + one heartbeat
+    # (10 s) = T0 + 25, before the first look (T0 + 30)
+    run = _submitted(deps, timeout_seconds=5)
+    started = runs.start(message_for(run), deps, owner="w1")
+    assert run.on_timeout.kill_grace_seconds == 10
+    assert started.watch_at == T0 + timedelta(seconds=25)
+    # a long timeout leaves the first look as it is
+    other = _submitted(deps, timeout_seconds=3600)
+    assert runs.start(message_for(other), deps, owner="w1").watch_at == FIRST_LOOK

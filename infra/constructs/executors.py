@@ -56,7 +56,7 @@ def worker_access(tier: str) -> tuple[Access, ...]:
     (UpdateItem); afterwards send the retry wake-up, start an ``on_timeout: trigger`` run of another job (GetItem
     job, PutItem run, send to that job's tier) and wake the job's next waiting run; stream each attempt's log
     in chunks (PutObject) and delete them once the whole log is written. A first attempt is re-checked against
-    its job (GetItem); a slot it skips as missed is counted on the job (UpdateItem).
+    its job (GetItem; a poll's together: BatchGetItem); a slot it skips as missed is counted on the job (UpdateItem).
     """
     return (
         allow(
@@ -66,7 +66,8 @@ def worker_access(tier: str) -> tuple[Access, ...]:
         allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
         allow(Target.RUNS, "dynamodb:Query", index=ACTIVE_INDEX),
         allow(Target.RUNS, "dynamodb:Query", index=RUNNING_INDEX),
-        allow(Target.JOBS, "dynamodb:GetItem", "dynamodb:UpdateItem"),
+        # a poll's starts re-check their first attempts against their jobs, read together (BatchGetItem)
+        allow(Target.JOBS, "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:UpdateItem"),
         allow(Target.LOG_OBJECTS, "s3:PutObject", "s3:DeleteObject"),
     )
 

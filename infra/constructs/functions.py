@@ -136,6 +136,8 @@ SWEEPER = FunctionSpec(
     access=(
         allow(Target.RUNS, "dynamodb:Query", index=WATCH_INDEX),
         allow(Target.RUNS, "dynamodb:Query", index=ACTIVE_INDEX),
+        # the watchdog index holds keys only: the overdue runs are read whole, a page at a time
+        allow(Target.RUNS, "dynamodb:BatchGetItem"),
         allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
         allow(Target.JOBS, "dynamodb:GetItem", "dynamodb:UpdateItem"),
         allow(Target.QUEUES, *_SEND),
@@ -158,7 +160,8 @@ DISPATCHER = FunctionSpec(
         allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:UpdateItem"),
         allow(Target.RUNS, "dynamodb:Query", index=ACTIVE_INDEX),
         allow(Target.RUNS, "dynamodb:Query", index=RUNNING_INDEX),
-        allow(Target.JOBS, "dynamodb:GetItem", "dynamodb:UpdateItem"),
+        # a start re-checks its first attempts against their jobs, read together (runs.start_many)
+        allow(Target.JOBS, "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:UpdateItem"),
         allow(Target.QUEUES, *_SEND, tier="lambda"),
         allow(Target.LOG_OBJECTS, "s3:PutObject"),
         allow(Target.TAGGED_FUNCTIONS, "lambda:InvokeFunction"),

@@ -479,6 +479,7 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
     }
     assert grants("sweeper") == {
         "dynamodb:Query": {f"{runs}/index/{WATCH_INDEX}", f"{runs}/index/{ACTIVE_INDEX}"},
+        "dynamodb:BatchGetItem": {runs},
         "dynamodb:GetItem": {runs, jobs},
         "dynamodb:PutItem": {runs},
         "dynamodb:UpdateItem": {runs, jobs},
@@ -508,6 +509,7 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
     consume += ("sqs:GetQueueAttributes", "sqs:GetQueueUrl")
     assert grants("dispatcher") == {
         "dynamodb:GetItem": {runs, jobs},
+        "dynamodb:BatchGetItem": {jobs},
         "dynamodb:UpdateItem": {runs, jobs},
         "dynamodb:Query": {f"{runs}/index/{ACTIVE_INDEX}", f"{runs}/index/{RUNNING_INDEX}"},
         "sqs:SendMessage": {lambda_queue},
@@ -651,6 +653,7 @@ def test_each_worker_tier_may_pull_only_its_own_queue(dev: Synthesized) -> None:
             "sqs:ChangeMessageVisibility": {queue},
             "sqs:SendMessage": queues,
             "dynamodb:GetItem": {runs, jobs},
+            "dynamodb:BatchGetItem": {jobs},
             "dynamodb:PutItem": {runs},
             "dynamodb:UpdateItem": {runs, jobs},
             "dynamodb:Query": {f"{runs}/index/{ACTIVE_INDEX}", f"{runs}/index/{RUNNING_INDEX}"},

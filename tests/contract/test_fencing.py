@@ -68,7 +68,10 @@ def test_a_heartbeat_that_renewed_the_lease_wins_over_the_expiry(adapters: Adapt
         running.job_id, T0, fencing_token=1, lease_expires_at=LEASE_END + timedelta(seconds=30)
     )
     # the lease moves; the watch time stays (a lower bound the sweeper moves when it comes due)
-    assert (renewed.lease_expires_at, renewed.watch_at) == (LEASE_END + timedelta(seconds=30), running.watch_at)
+    assert (renewed.lease_expires_at, renewed.watch_at) == (
+        LEASE_END + timedelta(seconds=30),
+        running.watch_at,
+    )
     end = attempt_end(seen_by_sweeper, RunState.FAILED, now=LEASE_END, reason="worker_lost").with_fence(
         lease_expired_by=LEASE_END
     )
@@ -81,7 +84,11 @@ def test_a_heartbeat_given_a_watch_time_sets_it(adapters: Adapters) -> None:
     running = _running(adapters, "heartbeat-watch")
     watch = LEASE_END + timedelta(seconds=7)
     renewed = adapters.store.heartbeat(
-        running.job_id, T0, fencing_token=1, lease_expires_at=LEASE_END + timedelta(seconds=30), watch_at=watch
+        running.job_id,
+        T0,
+        fencing_token=1,
+        lease_expires_at=LEASE_END + timedelta(seconds=30),
+        watch_at=watch,
     )
     assert renewed.watch_at == watch
     assert adapters.store.get_run(running.job_id, T0) == renewed
@@ -98,10 +105,15 @@ def test_rewatch_moves_a_running_runs_watch_time_under_its_token_only(adapters: 
     stored = adapters.store.get_run(running.job_id, T0)
     assert stored == moved and stored.lease_expires_at == running.lease_expires_at
     # the sweeper finds it again only once the new watch time has come
-    assert running.job_id not in [r.job_id for r in adapters.store.query_overdue(running.shard, later - timedelta(seconds=1))]
+    assert running.job_id not in [
+        r.job_id for r in adapters.store.query_overdue(running.shard, later - timedelta(seconds=1))
+    ]
     assert running.job_id in [r.job_id for r in adapters.store.query_overdue(running.shard, later)]
     ended = adapters.store.end_attempt(attempt_end(stored, RunState.SUCCEEDED, now=later))
-    assert adapters.store.rewatch_running(running.job_id, T0, fencing_token=ended.fencing_token, watch_at=later) is None
+    assert (
+        adapters.store.rewatch_running(running.job_id, T0, fencing_token=ended.fencing_token, watch_at=later)
+        is None
+    )
 
 
 # ---- stale fencing tokens --------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.contract.conftest import Adapters
 
 KEY = "logs/job-a/job-a.1796040000000/attempt-1.log"
@@ -74,3 +76,18 @@ def test_delete_chunks_of_a_log_without_chunks_is_fine(adapters: Adapters) -> No
     adapters.logs.delete_chunks(KEY)
     adapters.logs.delete_chunks(KEY, 5)
     assert adapters.logs.get(KEY) is None
+
+
+def test_a_byte_range_of_a_log_pack_is_read_alone(adapters: Adapters) -> None:
+    # Given a log pack: three attempts' logs one after another in one object
+    parts = [b"first attempt\n", "zwei \u00fc\n".encode(), b""]
+    key = "logs/packs/2026-11-29/120000-pack.log"
+    adapters.logs.put(key, b"".join(parts))
+    # Then each part is read by its offset and length, and nothing of its neighbours
+    assert adapters.logs.get_range(key, 0, len(parts[0])) == parts[0]
+    assert adapters.logs.get_range(key, len(parts[0]), len(parts[1])) == parts[1]
+    assert adapters.logs.get_range(key, len(parts[0]) + len(parts[1]), 0) == b""
+    # A range of an object that does not exist is None; a negative one is refused
+    assert adapters.logs.get_range("logs/packs/2026-11-29/missing.log", 0, 5) is None
+    with pytest.raises(ValueError, match="negative"):
+        adapters.logs.get_range(key, -1, 3)

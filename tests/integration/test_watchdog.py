@@ -117,3 +117,55 @@ def test_a_start_whose_timeout_handler_is_due_before_the_first_look_watches_for_
     # a long timeout leaves the first look as it is
     other = _submitted(deps, timeout_seconds=3600)
     assert runs.start(message_for(other), deps, owner="w1").watch_at == FIRST_LOOK
+
+
+def _first_found(deps: Deps, clock, key: str, until: float) -> float:
+    """Seconds after T0 of the first sweep (one a second) that counts ``key``; inf if none by ``until``."""
+    while (clock.now() - T0).total_seconds() <= until:
+        if _sweep_all(deps)[key]:
+            return (clock.now() - T0).total_seconds()
+        clock.advance(1)
+    return float("inf")
+
+
+def test_a_dead_worker_of_a_resent_run_is_found_at_its_lease_end(deps: Deps, clock) -> None:
+    run = _submitted(deps)
+    clock.advance(30)
+    assert _sweep_all(deps)["rewatched"] == 1  # first look: watched again at T0 + 60
+    clock.advance(30)
+    assert _sweep_all(deps)["resent"] == 1  # the grace has passed: re-sent, watched within 30 s
+    clock.advance(1)
+    started = runs.start(message_for(run), deps, owner="w1")  # the worker dies at once
+    assert started.lease_expires_at == T0 + timedelta(seconds=91)
+    assert started.watch_at is not None and started.watch_at <= started.lease_expires_at
+    assert _first_found(deps, clock, "leases_expired", 200) == 91
+
+
+def test_the_timeout_handler_of_a_resent_run_starts_on_time(deps: Deps, clock) -> None:
+    run = _submitted(deps, timeout_seconds=5)
+    clock.advance(30)
+    _sweep_all(deps)
+    clock.advance(30)
+    assert _sweep_all(deps)["resent"] == 1
+    clock.advance(1)
+    started = runs.start(message_for(run), deps, owner="w1")  # its worker is stuck (lease to T0 + 91)
+    assert started.deadline_at is not None
+    due = runs.handler_due_at(started.deadline_at, started.on_timeout.kill_grace_seconds, deps)
+    assert due == T0 + timedelta(seconds=86)
+    assert _first_found(deps, clock, "timeouts_handled", 200) == 86
+
+
+def test_with_a_pending_grace_longer_than_the_lease_a_run_waiting_is_still_looked_at_each_first_watch(
+    aws_mock: None, names: Any, clock
+) -> None:
+    from duetime.config.deps import deps_from_settings
+    from tests.conftest import make_settings
+
+    deps = deps_from_settings(make_settings(names, pending_grace_seconds=300), clock)
+    run = _submitted(deps)
+    clock.advance(30)
+    assert _sweep_all(deps)["rewatched"] == 1  # watched again 30 s on, not at the grace's end
+    assert deps.store.get_run(run.job_id, run.due_at).watch_at == T0 + timedelta(seconds=60)  # type: ignore[union-attr]
+    clock.advance(1)
+    assert runs.start(message_for(run), deps, owner="w1").state is RunState.RUNNING  # lease to T0 + 61
+    assert _first_found(deps, clock, "leases_expired", 400) == 61

@@ -671,6 +671,9 @@ class AttemptRecord(StoredModel):
     log_key: str | None = None
     #: bytes of the attempt's final log; 0: it printed nothing and no log object was stored (none is read)
     log_bytes: int | None = None
+    #: set when ``log_key`` is a log pack (several attempts' final logs in one object, written together
+    #: by one worker): the attempt's log is bytes ``log_offset .. log_offset + log_bytes - 1`` of it
+    log_offset: int | None = None
 
 
 class RunEvent(StoredModel):

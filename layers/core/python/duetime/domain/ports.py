@@ -381,6 +381,11 @@ class LogStore(Protocol):
     def get_final(self, key: str) -> bytes | None:
         """The final log at ``key`` only, or None."""
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes | None:
+        """Bytes ``offset .. offset + length - 1`` of the object at ``key`` (one attempt's log in a log pack,
+        :data:`duetime.domain.logs.PACK_PREFIX`), or None if there is no such object. Raises ValueError for a
+        negative offset or length."""
+
     def delete_chunks(self, key: str, count: int | None = None) -> None:
         """Delete chunks ``0..count-1`` of ``key`` (all of them when ``count`` is None).
         Raises LogStoreError if some were not deleted."""

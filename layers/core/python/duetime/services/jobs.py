@@ -192,10 +192,21 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
     # the attempt being run has no record yet; its worker streams under its key
     running = run.attempt if run.state is RunState.RUNNING and run.attempt not in keys else None
 
+    # attempts whose final log is a byte range of a log pack (read by range only: the pack holds others')
+    ranges = {
+        a.attempt: (a.log_offset, a.log_bytes)
+        for a in run.attempts
+        if a.log_offset is not None and a.log_bytes is not None
+    }
+
     def read(key: str, number: int | None = None) -> str | None:
         if number in empty:
             return ""
-        data = deps.logs.get(key)
+        if number in ranges:
+            offset, length = ranges[number]
+            data = deps.logs.get_range(key, offset, length)
+        else:
+            data = deps.logs.get(key)
         return data.decode("utf-8", errors="replace") if data is not None else None
 
     if attempt is not None:
@@ -254,7 +265,7 @@ def redrive(run_id: str, *, tenant: str, deps: Deps) -> Run:
         )
     now = deps.clock.now()
     redriven = deps.store.redrive(
-        run, now=now, watch_at=now + timedelta(seconds=deps.settings.pending_grace_seconds)
+        run, now=now, watch_at=now + timedelta(seconds=deps.settings.first_watch_seconds)
     )
     if redriven is None:
         raise ConflictError(f"run {run_id} changed meanwhile; read it again")

@@ -191,7 +191,7 @@ def _plan_starts(
         deadline_at = (
             now + timedelta(seconds=message.timeout_seconds) if message.timeout_seconds is not None else None
         )
-        watch_at = _start_watch_at(message, lease_expires_at, deadline_at, deps)
+        watch_at = _start_watch_at(message, now, lease_expires_at, deadline_at, deps)
         if message.tenant:
             planned_by_tenant[message.tenant] = planned_by_tenant.get(message.tenant, 0) + 1
         planned.append(
@@ -214,25 +214,24 @@ def _plan_starts(
 
 
 def _start_watch_at(
-    message: RunMessage, lease_expires_at: datetime, deadline_at: datetime | None, deps: Deps
+    message: RunMessage, now: datetime, lease_expires_at: datetime, deadline_at: datetime | None, deps: Deps
 ) -> datetime | None:
-    """The watch time a start sets: None (it stays, the lazy rule of :meth:`RunStore.rewatch_running`) for
-    a first attempt whose timeout handler is not due before the earliest watch time its run can hold now;
-    else the sooner of its lease's end and its handler's due time (as every start did before: never later
-    than either, so a dead worker is still found at its lease's end).
+    """The watch time a start sets: None (it stays, the lazy rule of :meth:`RunStore.rewatch_running`),
+    unless the attempt's timeout handler is due before ``now + first_watch_seconds``: then the handler's due
+    time (never later than the lease's end).
 
-    For a first attempt that earliest time is its due time + ``first_watch_seconds`` (the claim's watch
-    time, unless a starting deadline made it earlier, which only makes the sweeper look sooner). A run
-    claimed late, re-sent or released by a resume watches later: its handler, and the finding of its worker
-    dead, then wait for that watch time (the worker enforces the timeout itself; the handler is the
-    backstop). A retry's watch time is not known from its message, so a retry always sets it."""
-    watch_at = lease_expires_at
-    if deadline_at is not None:
-        watch_at = min(watch_at, handler_due_at(deadline_at, message.kill_grace_seconds, deps))
-    earliest = message.due_at + timedelta(seconds=deps.settings.first_watch_seconds)
-    if message.attempt == 1 and earliest <= watch_at:
+    This relies on the invariant every write of a run waiting to start keeps: it is watched at most
+    ``first_watch_seconds`` after the moment it could start (its due time or a retry's, or the write:
+    the claim, a retry's end, the sweeper's first look and re-send, a resume, a redrive, an overlap wait).
+    So the watch time a start finds is at most ``now + first_watch_seconds``, which is never after the
+    lease's end (``first_watch_seconds <= lease_seconds``): a worker that dies early in the run is found
+    at its lease's end (plus one sweep), and its timeout handler on time."""
+    if deadline_at is None:
         return None
-    return watch_at
+    handler_due = handler_due_at(deadline_at, message.kill_grace_seconds, deps)
+    if handler_due >= now + timedelta(seconds=deps.settings.first_watch_seconds):
+        return None
+    return min(handler_due, lease_expires_at)
 
 
 def _after_starts(
@@ -402,7 +401,7 @@ def release_held(
     now = deps.clock.now()
     for due_at in kept:
         released_run = deps.store.release_held(
-            by_due[due_at], now=now, watch_at=now + timedelta(seconds=deps.settings.pending_grace_seconds)
+            by_due[due_at], now=now, watch_at=now + timedelta(seconds=deps.settings.first_watch_seconds)
         )
         if released_run is None:
             continue
@@ -499,7 +498,7 @@ def _wait(run: Run, deps: Deps) -> None:
         run.due_at,
         attempt=run.attempt,
         held=run.held,
-        watch_at=deps.clock.now() + timedelta(seconds=deps.settings.pending_grace_seconds),
+        watch_at=deps.clock.now() + timedelta(seconds=deps.settings.first_watch_seconds),
     )
 
 
@@ -595,6 +594,8 @@ class Finish:
     result_truncated: bool = False
     #: bytes of the attempt's final log (0: empty, none was stored); None: not known
     log_bytes: int | None = None
+    #: where that log starts in ``log_key`` when it is a log pack (several attempts' logs in one object)
+    log_offset: int | None = None
     #: when the attempt ended (UTC; the task's exit as its executor saw it); None: when it is recorded
     ended_at: datetime | None = None
 
@@ -696,6 +697,7 @@ def _plan_ends(
                 log_key=item.log_key,
                 reason=item.reason,
                 log_bytes=item.log_bytes,
+                log_offset=item.log_offset,
             ),
             result_json=item.result_json,
             result_truncated=item.result_truncated,

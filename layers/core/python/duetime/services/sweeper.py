@@ -65,7 +65,8 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
                     result.deadline_skipped += 1
                 elif now < (resend_at := _resend_at(run, deps)):
                     # its first look came before its pending grace ended: not lost yet, look again then
-                    if _defer(run, resend_at, deps):
+                    step = now + timedelta(seconds=deps.settings.first_watch_seconds)
+                    if _defer(run, min(resend_at, step), deps):
                         result.rewatched += 1
                     else:
                         result.skipped += 1
@@ -101,8 +102,10 @@ def sweep(shard: int, deps: Deps) -> SweepResult:
 
 def _resend_at(run: Run, deps: Deps) -> datetime:
     """When a PENDING run counts as lost (its message re-sent): a first attempt one pending grace after
-    its due time, or after its claim if that came later; any other (a retry released by the sweeper, a run
-    released by a resume or a redrive, one already re-sent) when its watch time comes, set one grace on."""
+    its due time, or after its claim if that came later (until then the sweeper's looks, at most
+    ``first_watch_seconds`` apart, only watch it again); any other (a retry released by the sweeper, a
+    run released by a resume or a redrive, one already re-sent) when its watch time comes, which every
+    such write sets ``first_watch_seconds`` on: a run still not started is re-sent at each look."""
     if run.attempt == 1:
         return max(run.due_at, run.created_at) + timedelta(seconds=deps.settings.pending_grace_seconds)
     return run.watch_at or run.due_at
@@ -126,9 +129,10 @@ def _rewatch(run: Run, deps: Deps) -> bool:
     watch_at = run.lease_expires_at
     if run.deadline_at is not None:
         watch_at = min(watch_at, handler_due_at(run.deadline_at, run.on_timeout.kill_grace_seconds, deps))
-    return deps.store.rewatch_running(
-        run.job_id, run.due_at, fencing_token=run.fencing_token, watch_at=watch_at
-    ) is not None
+    return (
+        deps.store.rewatch_running(run.job_id, run.due_at, fencing_token=run.fencing_token, watch_at=watch_at)
+        is not None
+    )
 
 
 def _recheck_held(run: Run, deps: Deps) -> bool:
@@ -159,7 +163,7 @@ def _resend(run: Run, deps: Deps) -> bool:
         run.due_at,
         attempt=run.attempt,
         seen_watch_at=run.watch_at,
-        watch_at=now + timedelta(seconds=deps.settings.pending_grace_seconds),
+        watch_at=now + timedelta(seconds=deps.settings.first_watch_seconds),
     )
     if moved is None:
         return False
@@ -176,7 +180,7 @@ def _release_retry(run: Run, deps: Deps) -> bool:
         run.due_at,
         attempt=run.attempt,
         now=now,
-        watch_at=now + timedelta(seconds=deps.settings.pending_grace_seconds),
+        watch_at=now + timedelta(seconds=deps.settings.first_watch_seconds),
     )
     if released is None:
         return False

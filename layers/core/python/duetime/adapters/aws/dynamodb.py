@@ -451,7 +451,9 @@ class DynamoStore:
         """
         found: list[dict[str, Any]] = []
         for first in range(0, len(keys), 100):
-            request: dict[str, Any] = {table: {"Keys": list(keys[first : first + 100]), "ConsistentRead": True}}
+            request: dict[str, Any] = {
+                table: {"Keys": list(keys[first : first + 100]), "ConsistentRead": True}
+            }
 
             def fetch() -> dict[str, Any]:
                 nonlocal request
@@ -697,7 +699,8 @@ class DynamoStore:
             entries = out.get("Items", [])
             keys = [{RUNS_PK: e[RUNS_PK], RUNS_SK: e[RUNS_SK]} for e in entries]
             by_key = {
-                (str(i[RUNS_PK]["S"]), str(i[RUNS_SK]["S"])): i for i in self._batch_get(self.runs_table, keys)
+                (str(i[RUNS_PK]["S"]), str(i[RUNS_SK]["S"])): i
+                for i in self._batch_get(self.runs_table, keys)
             }
             for entry in entries:
                 item = by_key.get((str(entry[RUNS_PK]["S"]), str(entry[RUNS_SK]["S"])))

@@ -77,6 +77,21 @@ class S3Logs:
                 return final
         return b"".join(part for part in parts if part is not None)
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes | None:
+        """Bytes ``offset .. offset + length - 1`` of the object at ``key`` (a ranged GetObject), or None if
+        it does not exist. Raises ValueError for a negative offset or length."""
+        if offset < 0 or length < 0:
+            raise ValueError(f"byte range {offset}+{length} is negative")
+        if length == 0:
+            return b""
+        try:
+            out = self._s3.get_object(
+                Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}"
+            )
+        except self._s3.exceptions.NoSuchKey:
+            return None
+        return bytes(out["Body"].read())
+
     def delete_chunks(self, key: str, count: int | None = None) -> None:
         """Delete the chunks of ``key``: chunks ``0..count-1`` when the caller knows how many it wrote (no
         listing needed), else every chunk listed under its prefix.

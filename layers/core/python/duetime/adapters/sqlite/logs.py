@@ -99,6 +99,18 @@ class FileLogs:
         """The file at ``key`` only (a final log, or one chunk by its :func:`chunk_key`), or None."""
         return self._read(self.path(key))
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes | None:
+        """Bytes ``offset .. offset + length - 1`` of the file at ``key``, or None if there is none. Raises
+        ValueError for a negative offset or length, or an unsafe key."""
+        if offset < 0 or length < 0:
+            raise ValueError(f"byte range {offset}+{length} is negative")
+        try:
+            with self.path(key).open("rb") as f:
+                f.seek(offset)
+                return f.read(length)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
     def get(self, key: str) -> bytes | None:
         """The final log at ``key``; else its chunks concatenated in order; else None."""
         final = self.get_final(key)

@@ -175,6 +175,7 @@ def run_workload(w: Workload, *, timeout: float = 300.0) -> dict[str, Any]:
     window = [r for r in records if t_submit <= r["t"] <= t_end]
     split = callsmod.split(idle, window, shards=w.shards)
     attempts = sum(len(r.get("attempts") or []) or 1 for r in runs)
+    names = dict(zip(job_ids, (b["name"] for b in job_bodies(w, datetime.now(UTC))), strict=True))
     return {
         "workload": asdict(w),
         "jobs": len(job_ids),
@@ -188,6 +189,92 @@ def run_workload(w: Workload, *, timeout: float = 300.0) -> dict[str, Any]:
         "api_seconds_mean": sum(api_seconds) / max(1, len(api_seconds)),
         "split": split,
         "workers_total": 3 * w.workers,
+        "by_run": per_run_rows(window, runs, names, runs_table=tables["runs"]),
+    }
+
+
+def per_run_rows(
+    window: list[dict[str, Any]], runs: list[dict[str, Any]], names: dict[str, str], *, runs_table: str
+) -> dict[str, Any]:
+    """Per run: the write units of its own row (every write of the runs table to its key, GSI writes
+    included), its row's largest size, its final logs' and its live-log chunks' bytes and PUTs; with the
+    name of the job it belongs to (``now-3``, ``long-0``...)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        key = f"{run['due_at']}|{run['job_id']}"  # callcount's key text: the key's values, sorted by name
+        rows[key] = {
+            "job": names.get(run["job_id"], ""),
+            "attempts": len(run.get("attempts") or []),
+            "wru": 0,
+            "writes": 0,
+            "row_bytes": 0,
+            "prefix": f"logs/{run['job_id']}/{run['job_id']}.",
+        }
+    chunks = final = 0
+    chunk_bytes = final_bytes = 0
+    for record in window:
+        if (
+            record.get("svc") == "dynamodb"
+            and record.get("table") == runs_table
+            and record.get("key") in rows
+        ):
+            row = rows[record["key"]]
+            if record.get("wru"):
+                row["wru"] += int(record["wru"])
+                row["writes"] += 1
+            row["row_bytes"] = max(row["row_bytes"], int(record.get("new_bytes") or 0))
+        elif record.get("svc") == "s3" and record.get("op") == "PutObject":
+            key = str(record.get("key", ""))
+            if ".live/" in key:
+                chunks += 1
+                chunk_bytes += int(record.get("bytes") or 0)
+            else:
+                final += 1
+                final_bytes += int(record.get("bytes") or 0)
+    return {
+        "rows": list(rows.values()),
+        "log_chunk_puts": chunks,
+        "log_chunk_bytes": chunk_bytes,
+        "final_log_puts": final,
+        "final_log_bytes": final_bytes,
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def by_duration(by_run: dict[str, Any], runs: int, long_seconds: int) -> dict[str, Any]:
+    """``cost.wru_by_duration``, ``log_chunk_puts_per_run`` and ``storage_30d`` from :func:`per_run_rows`."""
+    rows = by_run["rows"]
+    short = [r for r in rows if r["job"].startswith("now-") and r["attempts"] == 1]
+    long = [r for r in rows if r["job"].startswith("long-")]
+    row_bytes = _median([r["row_bytes"] for r in rows]) or 0
+    log_bytes = by_run["final_log_bytes"] / max(1, runs)
+    # 30 days of one run's row (item + DynamoDB's 100 bytes of overhead) and its final logs
+    storage_usd = (row_bytes + 100) / 1e9 * price("dynamodb_storage_gb_month") + log_bytes / 1e9 * price(
+        "s3_storage_gb_month"
+    )
+    return {
+        "wru_by_duration": {
+            "1s": _median([r["wru"] for r in short]),
+            f"{long_seconds}s": _median([r["wru"] for r in long]),
+            "note": (
+                "write units of the run's own row (runs table and its GSIs, every write to its key), median of "
+                "the one-attempt run-now runs and of the heartbeating long run; the job's writes are apart"
+            ),
+        },
+        "log_chunk_puts_per_run": round(by_run["log_chunk_puts"] / max(1, runs), 3),
+        "final_log_puts_per_run": round(by_run["final_log_puts"] / max(1, runs), 3),
+        "storage_30d": {
+            "run_row_bytes_median": row_bytes,
+            "final_log_bytes_per_run": round(log_bytes, 1),
+            "usd_per_million_runs": round(storage_usd * 1e6, 2),
+        },
     }
 
 
@@ -247,6 +334,11 @@ def price_it(raw: dict[str, Any]) -> dict[str, Any]:
         "lambda_gb_seconds_per_run": round(lambda_gb_s, 5),
         "sfn_transitions_per_run": 0,
         "usd_per_million_runs": total,
+        **by_duration(
+            raw.get("by_run") or {"rows": [], "log_chunk_puts": 0, "final_log_puts": 0, "final_log_bytes": 0},
+            runs,
+            w["long_seconds"],
+        ),
         "usd_per_million_runs_by_service": usd_per_million,
         "eventbridge_scheduler_usd_per_million": round(price("eventbridge_scheduler_invocation") * 1e6, 2),
         "fixed": {

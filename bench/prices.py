@@ -46,6 +46,16 @@ PRICES: dict[str, tuple[float, str, str]] = {
         "API Gateway HTTP API request (first 300M/month; per 512 KB)",
         "https://aws.amazon.com/api-gateway/pricing/",
     ),
+    "dynamodb_storage_gb_month": (
+        0.25,
+        "DynamoDB Standard table class storage, per GB-month (each item + 100 bytes of overhead)",
+        "https://aws.amazon.com/dynamodb/pricing/on-demand/",
+    ),
+    "s3_storage_gb_month": (
+        0.023,
+        "S3 Standard storage, per GB-month (first 50 TB)",
+        "https://aws.amazon.com/s3/pricing/",
+    ),
     "eventbridge_scheduler_invocation": (
         1.00 / 1e6,
         "EventBridge Scheduler invocation (after the 14M/month free tier)",

@@ -2,11 +2,15 @@
 
 A change that adds a call or a write unit to a run's path fails here: update the figures on purpose, with the
 README's Performance section, or remove the extra call. Derived from the code (DESIGN.md sections 4 and 5):
-- submit: PutItem job (+ due and by_tenant GSI entries);
-- claim (API for a run-now job, tick for a scheduled one): PutItem run (+ watchdog GSI), UpdateItem job
-  (advance next_fire_at: the due GSI entry moves or leaves; by_tenant only when the state changes), SendMessageBatch (one request per 10 messages);
-- worker: ReceiveMessage, UpdateItem run (start: watch_at moves in the watchdog GSI), PutObject log,
-  UpdateItem run (finish: leaves the watchdog GSI), DeleteMessage;
+- submit of a job its first claim completes (run-now, a one-off due within the lookahead): PutItem run
+  (+ watchdog GSI, keys only), PutItem job already COMPLETED (+ by_tenant; never in the due GSI),
+  SendMessageBatch;
+- submit of any other job: PutItem job (+ due and by_tenant GSI entries); the tick's claim: PutItem run
+  (+ watchdog GSI), UpdateItem job (advance next_fire_at: the due GSI entry moves or leaves; by_tenant only
+  when the state changes), SendMessageBatch (one request per 10 messages);
+- worker: ReceiveMessage, BatchGetItem of the poll's jobs, UpdateItem run (start: the watch time stays, no
+  watchdog write), PutObject log (none for an empty one), UpdateItem run (finish: leaves the watchdog GSI),
+  DeleteMessageBatch;
 - sweeper with nothing overdue: one empty watchdog Query per shard, nothing per run.
 """
 
@@ -24,7 +28,7 @@ from duetime.adapters.aws import clients as aws
 from duetime.config.deps import Deps
 from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.clock import FixedClock
-from duetime.domain.models import ContainerTask, RunState, ScheduleSpec
+from duetime.domain.models import ContainerTask, JobState, RunState, ScheduleSpec
 from duetime.local import callcount
 from duetime.services import claims, jobs
 from duetime.services.sweeper import sweep
@@ -93,8 +97,9 @@ WORKER_CALLS = {
     # `true` prints nothing: no log object (the attempt records log_bytes 0)
     "sqs DeleteMessageBatch test-small": 1,
 }
-# start: 1 table write + watchdog key change (delete + put); finish: 1 table write + leaving the watchdog GSI
-WORKER_WRU = 3 + 2
+# start: 1 table write (the watch time stays: the KEYS_ONLY watchdog is not written); finish: 1 table write
+# + leaving the watchdog GSI
+WORKER_WRU = 1 + 2
 # the job, read strongly consistent (one 4 KB unit)
 WORKER_RRU = 1
 
@@ -106,18 +111,18 @@ def test_a_run_now_job_costs_five_calls_to_submit_and_five_to_run(deps: Deps, co
     Worker(deps, "small").poll_once()
     work = counted.take()
 
-    # Then the submit is: the tenant's submit-rate counter, the job, the run, the job's advance, the message
-    # (a run-now job never counts against the active-jobs quota: it completes at once)
+    # Then the submit is: the tenant's submit-rate counter, the run, the job stored already claimed, the
+    # message (a run-now job never counts against the active-jobs quota: it completes at once)
     assert ops(submit) == {
         "dynamodb UpdateItem test-idempotency": 1,
-        "dynamodb PutItem test-jobs": 1,
         "dynamodb PutItem test-runs": 1,
-        "dynamodb UpdateItem test-jobs": 1,
+        "dynamodb PutItem test-jobs": 1,
         "sqs SendMessageBatch test-small": 1,
     }
-    # rate counter: 1; put job: table + due + by_tenant; put run: table + watchdog; advance (next_fire_at
-    # removed, state COMPLETED): table + leaving due + by_tenant (its projected state changed)
-    assert [r["wru"] for r in submit if r["svc"] == "dynamodb"] == [1, 3, 2, 3]
+    # rate counter: 1; put run: table + watchdog; put job (COMPLETED, no next fire): table + by_tenant, no
+    # due-index entry and no advance (was 1, 3, 2, 3: the job entered the due index and left it at once)
+    assert [r["wru"] for r in submit if r["svc"] == "dynamodb"] == [1, 2, 2]
+    assert job.state is JobState.COMPLETED and job.next_fire_at is None
     assert rru(submit) == 0
     # and the worker's run is five calls, one of them the job's read
     assert ops(work) == WORKER_CALLS

@@ -109,6 +109,56 @@ def test_run_now_job_is_claimed_by_the_submit_and_completes_the_job(deps: Deps) 
     assert list(deps.store.query_due(job.shard, T0 + timedelta(days=1))) == []
 
 
+def test_a_one_off_due_within_the_lookahead_is_stored_claimed_and_never_enters_the_due_index(
+    deps: Deps,
+) -> None:
+    # Given an at(...) job due 20 s from now (within the 75 s lookahead), and a counter of due-index writes
+    request = CreateJobRequest(
+        job_id="soon",
+        name="soon",
+        schedule=ScheduleSpec(expression="at(2026-11-29T12:00:20)", timezone="UTC"),
+        task=ContainerTask(command=["true"]),
+    )
+    job = jobs.create_job(request, tenant="t1", deps=deps)
+    # Then it is stored COMPLETED with its one run PENDING at its due time
+    assert (job.state, job.next_fire_at) == (JobState.COMPLETED, None)
+    [run] = deps.store.list_runs("soon")
+    assert (run.state, run.due_at, run.job_created_at) == (RunState.PENDING, T0 + timedelta(seconds=20), T0)
+    assert list(deps.store.query_due(job.shard, T0 + timedelta(days=1))) == []
+    assert queue_counts(deps.settings.queue_url("small"))["delayed"] == 1
+
+
+def test_a_submit_whose_job_id_is_taken_leaves_no_run_that_could_start(deps: Deps, clock) -> None:
+    from duetime.domain.errors import JobExistsError
+    from duetime.domain.lifecycle import message_for
+
+    # Given a job "taken", and a second run-now submit of the same id a moment later
+    first = jobs.create_job(
+        CreateJobRequest(job_id="taken", name="a", task=ContainerTask(command=["true"])),
+        tenant="t1",
+        deps=deps,
+    )
+    [original] = deps.store.list_runs("taken")
+    clock.advance(1)
+    try:
+        jobs.create_job(
+            CreateJobRequest(job_id="taken", name="b", task=ContainerTask(command=["false"])),
+            tenant="t1",
+            deps=deps,
+        )
+    except JobExistsError:
+        pass
+    else:
+        raise AssertionError("a taken job id was accepted")
+    # Then the job is the first one, and the second submit's run is SKIPPED at once (it never runs)
+    assert deps.store.get_job("taken") == first
+    runs = {r.due_at: r for r in deps.store.list_runs("taken")}
+    orphan = runs[T0 + timedelta(seconds=1)]
+    assert (orphan.state, orphan.error) == (RunState.SKIPPED, "deleted")
+    assert runs[T0] == original and original.state is RunState.PENDING
+    assert message_for(orphan).job_created_at == T0 + timedelta(seconds=1) != first.created_at
+
+
 def test_a_stack_down_for_many_slots_runs_the_latest_once_and_counts_the_missed(deps: Deps, clock) -> None:
     # Given a rate(5 minutes) job whose ticks stopped for an hour after creation
     job = _rate_job(deps)
@@ -255,7 +305,6 @@ def test_a_batch_send_that_fails_is_sent_message_by_message(tmp_path, monkeypatc
     assert calls[0] == 1 + 12
     assert (result.claimed, result.errors) == (12, 0)
     assert deps.queues.counts("small")["delayed"] == 12  # type: ignore[attr-defined]
-    assert deps.store.active_jobs("t1") == 0  # type: ignore[attr-defined]
 
 
 def test_a_tenant_counter_that_fails_once_is_updated_job_by_job_and_the_messages_still_go(
@@ -266,7 +315,6 @@ def test_a_tenant_counter_that_fails_once_is_updated_job_by_job_and_the_messages
     result = claims.tick(0, deps)
     assert (result.claimed, result.errors) == (12, 0)
     assert deps.queues.counts("small")["delayed"] == 12  # type: ignore[attr-defined]
-    assert deps.store.active_jobs("t1") == 0  # type: ignore[attr-defined]
 
 
 def test_a_batch_whose_runs_cannot_be_written_is_claimed_again_job_by_job(tmp_path, monkeypatch) -> None:
@@ -320,3 +368,44 @@ def test_on_dynamodb_a_write_that_fails_part_way_stops_only_its_own_job(
     stored = deps.store.get_job(victim)
     assert stored is not None and stored.next_fire_at == T0 + timedelta(minutes=10)
     assert len(deps.store.list_runs(victim)) == 1
+
+
+def test_the_runs_of_a_submit_that_failed_before_its_job_was_stored_never_start(
+    deps: Deps, clock, monkeypatch
+) -> None:
+    from duetime.domain.lifecycle import message_for
+    from duetime.services import runs
+    from duetime.services.runs import NotStartedError
+
+    # Given a run-now submit whose job put fails after its run was written (the request fails: no 201)
+    request = CreateJobRequest(job_id="crashed", name="a", task=ContainerTask(command=["true"]))
+    real_put = deps.store.put_new_job
+
+    def fault(job: Job) -> None:
+        raise RuntimeError("the store went away")
+
+    monkeypatch.setattr(deps.store, "put_new_job", fault)
+    try:
+        jobs.create_job(request, tenant="t1", deps=deps)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the failed put was not reported")
+    [orphan] = deps.store.list_runs("crashed")
+    assert deps.store.get_job("crashed") is None
+    # When the client submits again with the same id a second later
+    monkeypatch.setattr(deps.store, "put_new_job", real_put)
+    clock.advance(1)
+    job = jobs.create_job(request, tenant="t1", deps=deps)
+    assert job.created_at == T0 + timedelta(seconds=1)
+    # Then the orphan's start skips it (its job is not the one it was claimed for); the new run starts
+    try:
+        runs.start(message_for(orphan), deps, owner="w1")
+    except NotStartedError as exc:
+        assert "deleted" in str(exc)
+    else:
+        raise AssertionError("an orphaned run started")
+    skipped = deps.store.get_run("crashed", T0)
+    assert skipped is not None and (skipped.state, skipped.error) == (RunState.SKIPPED, "deleted")
+    mine = deps.store.get_run("crashed", T0 + timedelta(seconds=1))
+    assert mine is not None and runs.start(message_for(mine), deps, owner="w1").state is RunState.RUNNING

@@ -169,40 +169,6 @@ def test_three_sleeps_on_three_slots_run_at_the_same_time(
         assert jobs.get_run_log(run.run_id, tenant="t1", deps=deps) == f"run {run.run_id}\n"
 
 
-def test_runs_that_end_together_store_their_logs_as_one_pack_read_back_by_range(
-    deps: Deps, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Given three run-now jobs that print a line each and end at about the same time, and a lone one later
-    job_ids = [
-        _submit(deps, ["sh", "-c", f'printf "log of {i} %s\\n" "$DUETIME_RUN_ID"; sleep 0.5'], name=f"p{i}")
-        for i in range(3)
-    ]
-    puts: list[str] = []
-    real_put = deps.logs.put
-    monkeypatch.setattr(deps.logs, "put", lambda key, data: (puts.append(key), real_put(key, data))[1])
-    worker = Worker(deps, "small", owner="w1", slots=3)
-    with _running(worker):
-        _wait("the three runs to succeed", lambda: _all_in(deps, job_ids, {RunState.SUCCEEDED}))
-        lone = _submit(deps, ["echo", "alone"], name="lone")
-        _wait("the lone run to succeed", lambda: _all_in(deps, [lone], {RunState.SUCCEEDED}))
-    # Then the three logs went out as one object, a log pack, each attempt naming its byte range
-    runs = [_run(deps, j) for j in job_ids]
-    records = [run.attempts[0] for run in runs]
-    assert len({r.log_key for r in records}) == 1 and records[0].log_key in puts
-    assert records[0].log_key.startswith("logs/packs/")
-    assert sorted(r.log_offset for r in records) == [0, records[0].log_bytes, 2 * records[0].log_bytes]
-    # And each run's log is its own bytes only, through the API's read
-    for i, run in enumerate(runs):
-        text = jobs.get_run_log(run.run_id, tenant="t1", deps=deps)
-        assert text == f"log of {i} {run.run_id}\n"
-        assert jobs.get_run_log(run.run_id, tenant="t1", deps=deps, attempt=1) == text
-    # And a run that ended alone has its log under its own key, as before
-    [alone] = _run(deps, lone).attempts
-    assert alone.log_offset is None and alone.log_key is not None and "/packs/" not in alone.log_key
-    assert jobs.get_run_log(_run(deps, lone).run_id, tenant="t1", deps=deps) == "alone\n"
-    assert len(puts) == 2, puts
-
-
 def test_a_worker_with_two_slots_never_runs_more_than_two(
     deps: Deps, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -179,6 +179,7 @@ def admit(
     attempt: int,
     now: datetime,
     schedule: Schedule | None,
+    job_created_at: datetime | None = None,
 ) -> Admission:
     """The verdict on starting a run of ``job`` due at ``due_at`` now.
 
@@ -189,10 +190,15 @@ def admit(
         attempt: the attempt about to start (only attempt 1 is checked).
         now: the start time (UTC).
         schedule: the job's parsed current schedule (None for a run-now job).
+        job_created_at: the ``created_at`` of the job the run was claimed for (None: not recorded); a job
+            of the same id created at another time (deleted and submitted again, or a submit that failed
+            after writing its runs) does not own the run: SKIP, ``deleted``.
     """
     if attempt != 1:
         return Admission(Verdict.START)
     if job is None or job.state is JobState.DELETED:
+        return Admission(Verdict.SKIP, DELETED)
+    if job_created_at is not None and truncate_ms(job.created_at) != truncate_ms(job_created_at):
         return Admission(Verdict.SKIP, DELETED)
     if trigger not in SLOT_TRIGGERS:
         return Admission(Verdict.START)

@@ -254,6 +254,7 @@ def build_run(
         watch_at=watch_at,
         missed_slots=missed_slots,
         created_at=now,
+        job_created_at=truncate_ms(job.created_at),
     )
 
 
@@ -281,4 +282,5 @@ def message_for(run: Run, *, attempt: int | None = None) -> RunMessage:
         tenant=run.tenant,
         tier=run.task.tier,
         trigger=run.trigger,
+        job_created_at=run.job_created_at,
     )

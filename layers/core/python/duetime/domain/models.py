@@ -738,6 +738,9 @@ class Run(StoredModel):
     held: str | None = None
     #: the attempt from which the current retry budget counts (a re-drive starts a fresh one), for backoff
     budget_from_attempt: int = 1
+    #: the ``created_at`` of the job the run was claimed for: a job of the same id created later (deleted
+    #: and submitted again, or a submit that failed half way) does not own it; its start skips it (deleted)
+    job_created_at: Instant | None = None
     dead_lettered: bool = False
     dead_lettered_at: Instant | None = None
     attempts: list[AttemptRecord] = Field(default_factory=list)
@@ -788,6 +791,8 @@ class RunMessage(BaseModel):
     tier: str | None = None
     #: why the run exists (a schedule slot is re-checked against its job at start; a manual run is not)
     trigger: Trigger | None = None
+    #: the ``created_at`` of the job the run was claimed for (:attr:`Run.job_created_at`)
+    job_created_at: Instant | None = None
 
     @property
     def run_id(self) -> str:

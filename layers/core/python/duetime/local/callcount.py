@@ -357,6 +357,8 @@ class _Recorder:
     ) -> dict[str, Any]:
         params = state["params"]
         out: dict[str, Any] = {"bucket": params.get("Bucket")}
+        if params.get("Key"):
+            out["key"] = str(params["Key"])[:300]  # the bench tells live-log chunks from final logs by it
         if op == "PutObject":
             body = params.get("Body", b"")
             out["bytes"] = len(body) if isinstance(body, bytes | bytearray | str) else None

@@ -14,15 +14,16 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import islice
 
 from duetime.config.observability import logger
 from duetime.domain.admission import is_missed, next_fire_after, schedule_of, select_slots
-from duetime.domain.errors import PartialBatchError, QueueSendError
+from duetime.domain.errors import JobExistsError, PartialBatchError, QueueSendError
 from duetime.domain.lifecycle import build_run, delay_seconds, message_for
-from duetime.domain.models import Job, Run, RunMessage, Trigger
+from duetime.domain.models import Job, JobState, Run, RunMessage, Trigger
 from duetime.domain.ports import JobAdvance
 from duetime.domain.timeutil import truncate_ms
 from duetime.services.deps import Deps
@@ -181,29 +182,7 @@ def claim_batch(jobs: Sequence[Job], deps: Deps, *, trigger: Trigger = Trigger.S
             each): the steps done so far stay done, and claiming again repairs the rest.
     """
     now = deps.clock.now()
-    batch: list[_Planned] = []
-    for job in jobs:
-        if job.next_fire_at is None:
-            raise ValueError(f"job {job.job_id} has no next_fire_at to claim")
-        claimed = job.next_fire_at
-        slots, missed = plan_slots(job, now)
-        runs = [
-            new_run(
-                job,
-                due_at,
-                deps,
-                trigger=(
-                    Trigger.BACKFILL
-                    if i < len(slots) - 1 and is_missed(due_at, now, job.catch_up)
-                    else trigger
-                ),
-                missed_slots=missed if i == len(slots) - 1 else 0,
-            )
-            for i, due_at in enumerate(slots)
-        ]
-        last_handled = slots[-1] if slots else max(claimed, now)
-        advance = JobAdvance(job.job_id, claimed, next_fire_after(job, last_handled), missed)
-        batch.append(_Planned(job, runs, missed, advance))
+    batch = [_plan(job, now, deps, trigger) for job in jobs]
 
     # step 1: the runs
     written, error = _outcomes(lambda: deps.store.put_new_runs([run for p in batch for run in p.runs]))
@@ -240,6 +219,98 @@ def claim_batch(jobs: Sequence[Job], deps: Deps, *, trigger: Trigger = Trigger.S
         )
         for p in batch
     ]
+
+
+def _plan(job: Job, now: datetime, deps: Deps, trigger: Trigger) -> _Planned:
+    """The claim of ``job``'s due slot(s) at ``now``: its runs and the advance of its next fire (no I/O).
+
+    Raises:
+        ValueError: the job has no ``next_fire_at``.
+    """
+    if job.next_fire_at is None:
+        raise ValueError(f"job {job.job_id} has no next_fire_at to claim")
+    claimed = job.next_fire_at
+    slots, missed = plan_slots(job, now)
+    runs = [
+        new_run(
+            job,
+            due_at,
+            deps,
+            trigger=(
+                Trigger.BACKFILL if i < len(slots) - 1 and is_missed(due_at, now, job.catch_up) else trigger
+            ),
+            missed_slots=missed if i == len(slots) - 1 else 0,
+        )
+        for i, due_at in enumerate(slots)
+    ]
+    last_handled = slots[-1] if slots else max(claimed, now)
+    advance = JobAdvance(job.job_id, claimed, next_fire_after(job, last_handled), missed)
+    return _Planned(job, runs, missed, advance)
+
+
+def plan_put_claimed(job: Job, deps: Deps) -> _Planned | None:
+    """The claim a submit can store with the job itself: for a fresh ACTIVE job whose first claim, due
+    within the lookahead, leaves no next fire (a run-now job; a one-off ``at(...)`` due that soon). None
+    for any other job (the job is stored, then claimed as a tick would). No I/O."""
+    now = deps.clock.now()
+    if job.state is not JobState.ACTIVE or job.next_fire_at is None:
+        return None
+    if job.next_fire_at > now + timedelta(seconds=deps.settings.tick_lookahead_seconds):
+        return None
+    planned = _plan(job, now, deps, Trigger.SCHEDULE)
+    if planned.advance.next_fire_at is not None or not planned.runs:
+        return None
+    return planned
+
+
+def put_claimed(planned: _Planned, deps: Deps) -> tuple[Job, ClaimResult]:
+    """Store a job already claimed (:func:`plan_put_claimed`): its runs first, then the job as its claim
+    leaves it (COMPLETED, no next fire, ``missed_slots`` added), then the runs' messages. The job never
+    enters the due index, and its other indexes are written once (issue 16: a one-off's claim no longer
+    costs a job update and a due-index entry and removal).
+
+    The runs carry the job's ``created_at`` (:attr:`Run.job_created_at`), so runs whose job put failed
+    (its id taken: :class:`JobExistsError`; a crash or fault between the writes) never run: the request
+    failed, nothing was promised, and their start skips them (``deleted``: no job, or a job of the same id
+    created at another time); the ones of a taken id are skipped at once.
+
+    Returns:
+        the job as stored and the claim's result (a send that failed is its ``error``: the sweeper re-sends
+        the run's message past its grace).
+
+    Raises:
+        JobExistsError: the job's id is taken.
+        the store's faults of the two writes (the request failed).
+    """
+    job, runs = planned.job, planned.runs
+    now = deps.clock.now()
+    planned.inserted = [bool(new) for new in deps.store.put_new_runs(runs)]
+    stored = job.model_copy(
+        update={
+            "next_fire_at": None,
+            "state": JobState.COMPLETED,
+            "missed_slots": job.missed_slots + planned.missed,
+            "updated_at": truncate_ms(now),
+        }
+    )
+    try:
+        deps.store.put_new_job(stored)
+    except JobExistsError:
+        for run, new in zip(runs, planned.inserted, strict=True):
+            if new:  # the claim of a job this submit did not store: it never runs
+                with suppress(Exception):
+                    deps.store.skip_pending(run.job_id, run.due_at, attempt=1, reason="deleted", now=now)
+        raise
+    planned.advanced = True
+    _send([planned], deps)
+    return stored, ClaimResult(
+        runs=runs,
+        created=sum(planned.inserted),
+        advanced=True,
+        next_fire_at=None,
+        missed=planned.missed,
+        error=planned.error,
+    )
 
 
 def _count_completed(batch: list[_Planned], deps: Deps) -> None:

@@ -42,7 +42,7 @@ from duetime.domain.models import (
 )
 from duetime.domain.schedules import DstPolicy, parse_schedule
 from duetime.domain.timeutil import to_iso, truncate_ms
-from duetime.services.claims import MAX_WALKED_SLOTS, claim_until, new_run
+from duetime.services.claims import MAX_WALKED_SLOTS, claim_until, new_run, plan_put_claimed, put_claimed
 from duetime.services.deps import Deps
 from duetime.services.runs import (
     HOLD_RECHECK_SECONDS,
@@ -120,6 +120,10 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
         raise ScheduleError("the schedule has no fire time after now (an at(...) in the past)")
     job = job.model_copy(update={"next_fire_at": first})
     _admit_submit(tenant, deps)
+    # a job its first claim completes (run-now; a one-off due within the lookahead) is stored claimed
+    claimed = plan_put_claimed(job, deps)
+    if claimed is not None:
+        return put_claimed(claimed, deps)[0]  # completed at once: it never counts as active
     counted = request.schedule is not None  # a run-now job completes at once: it never counts as active
     if counted and not deps.store.add_active_jobs(tenant, 1, limit=deps.settings.tenant_max_active_jobs):
         raise QuotaExceededError(

@@ -295,6 +295,7 @@ def _admit(message: RunMessage, deps: Deps, now: datetime, job: Job | None) -> N
         attempt=message.attempt,
         now=now,
         schedule=schedule_of(job) if job is not None else None,
+        job_created_at=message.job_created_at,
     )
     if verdict.verdict is Verdict.SKIP and verdict.reason == admission.MISSED and job is not None:
         # a second look before dropping a missed slot: newer slots that already ran, ended or were skipped
@@ -423,7 +424,13 @@ def settle_claimed_ahead(job: Job | None, job_id: str, deps: Deps, *, since: dat
         if run.attempt != 1 or run.held is not None:
             continue
         verdict = admit(
-            job=job, due_at=run.due_at, trigger=run.trigger, attempt=1, now=run.due_at, schedule=schedule
+            job=job,
+            due_at=run.due_at,
+            trigger=run.trigger,
+            attempt=1,
+            now=run.due_at,
+            schedule=schedule,
+            job_created_at=run.job_created_at,
         )
         if verdict.verdict is Verdict.SKIP and verdict.reason in (
             admission.DELETED,

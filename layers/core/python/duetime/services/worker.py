@@ -39,7 +39,6 @@ poll brought, waits for its slots and returns. A hand-back that cannot reach AWS
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import os
 import queue
@@ -51,14 +50,14 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from duetime.config.observability import logger
 from duetime.domain.errors import LeaseLostError, StartRejectedError
 from duetime.domain.lifecycle import INTERRUPTED_REASON
-from duetime.domain.logs import log_key, pack_key
+from duetime.domain.logs import log_key
 from duetime.domain.models import ContainerTask, Run, RunState
 from duetime.domain.ports import QUEUE_VISIBILITY_SECONDS, LogStore, ReceivedMessage
 from duetime.domain.timeutil import to_iso
@@ -98,8 +97,6 @@ END_RETRIES = 5
 MAX_WRITE_BATCH = 50
 #: How often the receive loop looks for a free slot (or the stop flag) while every slot is busy, seconds
 SLOT_WAIT_SECONDS = 0.1
-#: how often a session waiting for more ends (:meth:`Worker._linger`) looks whether any slot still runs
-LINGER_STEP_SECONDS = 0.02
 
 
 @dataclass(frozen=True)
@@ -132,19 +129,6 @@ class _Ended:
     recorded: Run | None = None
     #: the fault of its last failed record
     error: Exception | None = None
-    #: its final log, not stored yet (the session stores it with the others it records at once)
-    log: _PendingLog | None = None
-
-
-@dataclass
-class _PendingLog:
-    """An ended attempt's final log, to be stored by the session thread (:meth:`Worker._store_logs`)."""
-
-    #: the attempt's own key (its chunks were streamed under it)
-    key: str
-    data: bytes
-    #: chunks streamed while it ran (deleted once the final log is stored)
-    chunks: int
 
 
 @dataclass
@@ -608,50 +592,12 @@ class Worker:
                     done = True
                     break
                 batch.append(more)
-            if not done:
-                done = self._linger(batch)
             now = time.monotonic()
             batch += [e for e in retries if e.retry_at <= now or done]
             retries = [e for e in retries if not (e.retry_at <= now or done)]
             retries += self._apply(batch)
             if done:
                 return
-
-    def _linger(self, batch: list[_Starts | _Ended]) -> bool:
-        """Wait up to ``log_pack_window_seconds`` for more of the slots' ends to join ``batch`` (added to it),
-        when it holds ends with logs to store and no start (a start never waits) and other slots still run
-        a task: their logs then go out together (:meth:`_store_logs`). Returns True if told to exit
-        meanwhile (None)."""
-        window = self.deps.settings.log_pack_window_seconds
-        if (
-            window <= 0
-            or self.stopping.is_set()
-            or any(isinstance(item, _Starts) for item in batch)
-            or not any(isinstance(item, _Ended) and item.log is not None for item in batch)
-        ):
-            return False
-        deadline = time.monotonic() + window
-        while len(batch) < MAX_WRITE_BATCH and not self.stopping.is_set():
-            left = deadline - time.monotonic()
-            with self._slots_lock:
-                running = any(slot.busy for slot in self._slots)
-            try:
-                # nothing runs any more (or the window is over): only what already waits joins
-                more = (
-                    self._writes.get(timeout=min(left, LINGER_STEP_SECONDS))
-                    if running and left > 0
-                    else self._writes.get_nowait()
-                )
-            except queue.Empty:
-                if running and left > 0:
-                    continue
-                return False
-            if more is None:
-                return True
-            batch.append(more)
-            if isinstance(more, _Starts):
-                return False
-        return False
 
     def _apply(self, batch: list[_Starts | _Ended]) -> list[_Ended]:
         """One write of the session: ``batch``'s starts and ends together; returns the ends to try again."""
@@ -781,8 +727,9 @@ class Worker:
         """Run the task, store its log, and say how the attempt ended (recorded by :meth:`_write`)."""
         token = run.fencing_token
         key = log_key(run.job_id, run.run_id, run.attempt)
-        written: str | None = key  # the log key the finish records (the session may store it in a pack)
+        written: str | None = key  # the log key the finish records
         slot = self._slot()
+        size: int | None = None  # bytes of the final log (0: nothing printed, nothing stored)
         with tempfile.TemporaryFile() as out:
             slot.live = live = LiveLog(self.deps.logs, key, out)
             try:
@@ -791,11 +738,25 @@ class Worker:
                 slot.live = None
             task_ended = self.deps.clock.now()
             data = read_log(out)
-        pending = _PendingLog(key, data, live.chunks) if data or live.chunks else None
-        size = len(data)  # 0: nothing printed, nothing stored
+            try:
+                if data or live.chunks:
+                    self.deps.logs.put(key, data)
+                size = len(data)
+            except Exception as exc:  # noqa: BLE001 - a log upload failure must not lose the outcome
+                if self.deps.unreachable(exc):
+                    logger.warning("log upload failed: store unreachable or busy", extra={"error": str(exc)})
+                else:
+                    logger.exception("log upload failed")
+                if not live.chunks:
+                    written = None  # no log at all (with chunks, they are the attempt's log)
+            else:
+                if live.chunks:
+                    try:
+                        self.deps.logs.delete_chunks(key, count=live.chunks)
+                    except Exception:  # noqa: BLE001 - leftover chunks only cost storage (they expire)
+                        logger.warning("log chunks not deleted", exc_info=True, extra={"chunks": live.chunks})
         if outcome.lease_lost:
             logger.warning(f"{outcome.error or 'lease lost'}: task stopped, not finishing")
-            self._store_logs([_Ended(received, None, outcome, log=pending)])
             return _Ended(received, None, outcome)
         if outcome.timed_out:
             state, reason = RunState.TIMED_OUT, "timeout"
@@ -819,14 +780,13 @@ class Worker:
             reason=reason,
             log_bytes=size,
         )
-        return _Ended(received, finish, outcome, log=pending)
+        return _Ended(received, finish, outcome)
 
     def _write(self, starts: list[_Starts], batch: list[_Ended]) -> list[_Ended]:
         """Apply the starts of ``starts`` and the ends of ``batch`` together (:func:`start_and_finish`),
         then delete in one batch the messages of the ends and of the starts refused (duplicates, stale).
         Sets each request's outcomes and each end's ``recorded`` (the run as finished, or None: its lease
         was lost); returns the ends whose record failed (a fault: their messages are kept)."""
-        self._store_logs(batch)
         messages = [r for request in starts for r in request.received]
         finishing = [e for e in batch if e.finish is not None]
         started, ended = start_and_finish(
@@ -862,55 +822,6 @@ class Worker:
         if handles:
             self.deps.queues.delete_batch(self.tier, handles)
         return failed
-
-    def _store_logs(self, batch: list[_Ended]) -> None:
-        """Store the final logs of ``batch``'s ended attempts that are not stored yet, before their ends are
-        recorded: one object per tenant, a log pack (:func:`~duetime.domain.logs.pack_key`: the logs one
-        after another, each attempt's record naming its byte range) when a tenant has several, the
-        attempt's own key when it has one. Then the chunks streamed meanwhile are deleted.
-
-        An upload that fails leaves the chunks as the attempt's log (its own key, size unknown), or no
-        log if it streamed none: the outcome is recorded either way."""
-        pending = [e for e in batch if e.log is not None]
-        if not pending:
-            return
-        by_tenant: dict[str, list[_Ended]] = {}
-        for ended in pending:
-            tenant = ended.finish.run.tenant if ended.finish is not None else ""
-            by_tenant.setdefault(tenant, []).append(ended)
-        for group in by_tenant.values():
-            logs = [e.log for e in group if e.log is not None]
-            if len(logs) == 1:
-                key, data, offsets = logs[0].key, logs[0].data, [None]
-            else:
-                now = self.deps.clock.now()
-                key = pack_key(f"{now:%Y-%m-%d}", f"{now:%H%M%S}-{uuid.uuid4().hex}")
-                offsets = list(itertools.accumulate((len(log.data) for log in logs[:-1]), initial=0))
-                data = b"".join(log.data for log in logs)
-            try:
-                self.deps.logs.put(key, data)
-            except Exception as exc:  # noqa: BLE001 - a log upload failure must not lose the outcome
-                if self.deps.unreachable(exc):
-                    logger.warning("log upload failed: store unreachable or busy", extra={"error": str(exc)})
-                else:
-                    logger.exception("log upload failed")
-                for ended, log in zip(group, logs, strict=True):
-                    ended.log = None
-                    if ended.finish is not None:
-                        # with chunks, they are the attempt's log (under its own key); else there is none
-                        ended.finish = replace(
-                            ended.finish, log_key=log.key if log.chunks else None, log_bytes=None
-                        )
-                continue
-            for ended, log, offset in zip(group, logs, offsets, strict=True):
-                ended.log = None
-                if ended.finish is not None:
-                    ended.finish = replace(ended.finish, log_key=key, log_offset=offset)
-                if log.chunks:
-                    try:
-                        self.deps.logs.delete_chunks(log.key, count=log.chunks)
-                    except Exception:  # noqa: BLE001 - leftover chunks only cost storage (they expire)
-                        logger.warning("log chunks not deleted", exc_info=True, extra={"chunks": log.chunks})
 
     def _echo(self, finish: Finish, outcome: Run | Exception | None) -> None:
         logger.info("run finished", extra={"state": finish.outcome.value, "exit_code": finish.exit_code})

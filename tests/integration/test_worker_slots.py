@@ -169,6 +169,98 @@ def test_three_sleeps_on_three_slots_run_at_the_same_time(
         assert jobs.get_run_log(run.run_id, tenant="t1", deps=deps) == f"run {run.run_id}\n"
 
 
+def _three_printing(deps: Deps) -> list[str]:
+    return [
+        _submit(deps, ["sh", "-c", f'printf "log of {i} %s\\n" "$DUETIME_RUN_ID"; sleep 0.5'], name=f"p{i}")
+        for i in range(3)
+    ]
+
+
+def test_runs_that_end_together_store_their_logs_as_one_pack_read_back_by_range(
+    deps: Deps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given three run-now jobs that print a line each and end at about the same time, and a lone one later
+    job_ids = _three_printing(deps)
+    puts: list[str] = []
+    real_put = deps.logs.put
+    monkeypatch.setattr(deps.logs, "put", lambda key, data: (puts.append(key), real_put(key, data))[1])
+    with _running(Worker(deps, "small", owner="w1", slots=3)):
+        _wait("the three runs to succeed", lambda: _all_in(deps, job_ids, {RunState.SUCCEEDED}))
+        lone = _submit(deps, ["echo", "alone"], name="lone")
+        _wait("the lone run to succeed", lambda: _all_in(deps, [lone], {RunState.SUCCEEDED}))
+    # Then the three logs went out as one object, a log pack, each attempt naming its byte range in it and
+    # keeping its own key (where a reader that knows no packs finds nothing, never the whole pack)
+    runs = [_run(deps, j) for j in job_ids]
+    records = [run.attempts[0] for run in runs]
+    [pack] = {r.log_pack for r in records}
+    assert pack is not None and pack.startswith("logs/packs/") and pack in puts
+    assert sorted(r.log_offset for r in records) == [0, records[0].log_bytes, 2 * records[0].log_bytes]
+    assert all(r.log_key is not None and "/packs/" not in r.log_key for r in records)
+    assert all(deps.logs.get(r.log_key) is None for r in records if r.log_key)
+    # And each run's log is its own bytes only, through the API's read
+    for i, run in enumerate(runs):
+        text = jobs.get_run_log(run.run_id, tenant="t1", deps=deps)
+        assert text == f"log of {i} {run.run_id}\n"
+        assert jobs.get_run_log(run.run_id, tenant="t1", deps=deps, attempt=1) == text
+    # And a run that ended alone has its log under its own key, as before
+    [alone] = _run(deps, lone).attempts
+    assert alone.log_pack is None and alone.log_key is not None
+    assert jobs.get_run_log(_run(deps, lone).run_id, tenant="t1", deps=deps) == "alone\n"
+    assert len(puts) == 2, puts
+
+
+def test_a_packed_log_whose_end_another_party_recorded_is_kept_under_the_attempts_own_key(
+    deps: Deps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import duetime.services.worker as worker_module
+    from duetime.services import runs as runs_service
+
+    # Given three runs ending together whose ends a cancel beats to the record (the log is packed by then)
+    job_ids = _three_printing(deps)
+    real = worker_module.start_and_finish
+
+    def cancel_first(messages: Any, finishes: Any, deps_: Any, **kw: Any) -> Any:
+        for finish in finishes:
+            runs_service.cancel(finish.run.job_id, finish.run.due_at, deps, reason="user")
+        return real(messages, finishes, deps_, **kw)
+
+    monkeypatch.setattr(worker_module, "start_and_finish", cancel_first)
+    with _running(Worker(deps, "small", owner="w1", slots=3)):
+        _wait("the runs to be cancelled", lambda: _all_in(deps, job_ids, {RunState.CANCELLED}))
+        _wait(
+            "their logs to be settled",
+            lambda: all(deps.logs.get_final(_run(deps, j).attempts[0].log_key or "") for j in job_ids),
+        )
+    # Then each run's log is its own output, read under the key the cancel recorded
+    for i, job_id in enumerate(job_ids):
+        run = _run(deps, job_id)
+        assert run.attempts[0].log_pack is None
+        assert jobs.get_run_log(run.run_id, tenant="t1", deps=deps) == f"log of {i} {run.run_id}\n"
+
+
+def test_a_slow_log_upload_holds_back_no_start(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a worker with two slots whose log uploads take 3 s, and a run whose log it is uploading
+    putting = threading.Event()
+    real_put = deps.logs.put
+
+    def slow_put(key: str, data: bytes) -> None:
+        putting.set()
+        time.sleep(3.0)
+        real_put(key, data)
+
+    monkeypatch.setattr(deps.logs, "put", slow_put)
+    with _running(Worker(deps, "small", owner="w1", slots=2)):
+        first = _submit(deps, ["echo", "a"], name="a")
+        assert putting.wait(10)
+        # When a second run comes for the free slot meanwhile
+        second = _submit(deps, ["sleep", "0.1"], name="b")
+        _wait("both to succeed", lambda: _all_in(deps, [first, second], {RunState.SUCCEEDED}))
+    # Then it started at once, not after the upload
+    run = _run(deps, second)
+    started = run.attempts[0].started_at
+    assert started is not None and (started - run.due_at).total_seconds() < 1.5
+
+
 def test_a_worker_with_two_slots_never_runs_more_than_two(
     deps: Deps, monkeypatch: pytest.MonkeyPatch
 ) -> None:

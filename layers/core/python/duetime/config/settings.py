@@ -66,6 +66,10 @@ class Settings(BaseModel):
     heartbeat_seconds: float = Field(default=10.0, gt=0)
     #: how long a PENDING run may sit past its due time before the sweeper re-sends its message.
     pending_grace_seconds: float = Field(default=60.0, gt=0)
+    #: how long a worker's log thread waits for more of its tasks to end, while some still run, so their
+    #: final logs go out as one object (a log pack; each attempt records its byte range); 0: only those that
+    #: end together. It delays the record of an end, never a start.
+    log_pack_window_seconds: float = Field(default=1.0, ge=0, le=10)
     #: seconds between a worker's SIGTERM and SIGKILL when it must stop a task.
     kill_grace_seconds: float = Field(default=10.0, ge=0)
     #: retention of run rows (DynamoDB TTL), days.
@@ -142,6 +146,7 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_LEASE_SECONDS": "lease_seconds",
     "DUETIME_HEARTBEAT_SECONDS": "heartbeat_seconds",
     "DUETIME_PENDING_GRACE_SECONDS": "pending_grace_seconds",
+    "DUETIME_LOG_PACK_WINDOW_SECONDS": "log_pack_window_seconds",
     "DUETIME_KILL_GRACE_SECONDS": "kill_grace_seconds",
     "DUETIME_RUN_RETENTION_DAYS": "run_retention_days",
     "DUETIME_TIMEOUT_STATE_MACHINE_ARN": "timeout_state_machine_arn",

@@ -107,6 +107,7 @@ def decide_attempt_end(
     log_key: str | None = None,
     reason: str | None = None,
     log_bytes: int | None = None,
+    log_pack: str | None = None,
     log_offset: int | None = None,
 ) -> AttemptEnd:
     """Decide how ``run``'s current attempt ends with ``outcome``.
@@ -129,7 +130,7 @@ def decide_attempt_end(
         watch_after_seconds: how long after ``retry_at`` the sweeper first looks at the run (backing up the
             retry's wake-up message; :attr:`Settings.first_watch_seconds`).
         worker, exit_code, error, log_key, reason: recorded on the attempt (and the run's last outcome).
-        log_bytes, log_offset: the final log's size, and its offset when ``log_key`` is a log pack.
+        log_bytes, log_pack, log_offset: the final log's size, and where it is when it went into a log pack.
 
     Raises:
         ValueError: ``outcome`` is not one of FINISH_STATES.
@@ -147,6 +148,7 @@ def decide_attempt_end(
         reason=reason,
         log_key=log_key,
         log_bytes=log_bytes,
+        log_pack=log_pack,
         log_offset=log_offset,
     )
     retryable = outcome is RunState.FAILED or (

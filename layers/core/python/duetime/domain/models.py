@@ -671,8 +671,11 @@ class AttemptRecord(StoredModel):
     log_key: str | None = None
     #: bytes of the attempt's final log; 0: it printed nothing and no log object was stored (none is read)
     log_bytes: int | None = None
-    #: set when ``log_key`` is a log pack (several attempts' final logs in one object, written together
-    #: by one worker): the attempt's log is bytes ``log_offset .. log_offset + log_bytes - 1`` of it
+    #: a log pack holding the attempt's final log (several attempts' final logs in one object, written
+    #: together by one worker): bytes ``log_offset .. log_offset + log_bytes - 1`` of it; read by range only.
+    #: ``log_key`` stays the attempt's own key (its live chunks; a reader that knows no packs finds no log
+    #: there, never the whole pack)
+    log_pack: str | None = None
     log_offset: int | None = None
 
 

@@ -198,18 +198,19 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
 
     # attempts whose final log is a byte range of a log pack (read by range only: the pack holds others')
     ranges = {
-        a.attempt: (a.log_offset, a.log_bytes)
+        a.attempt: (a.log_pack, a.log_offset, a.log_bytes)
         for a in run.attempts
-        if a.log_offset is not None and a.log_bytes is not None
+        if a.log_pack is not None and a.log_offset is not None and a.log_bytes is not None
     }
 
     def read(key: str, number: int | None = None) -> str | None:
         if number in empty:
             return ""
+        data = None
         if number in ranges:
-            offset, length = ranges[number]
-            data = deps.logs.get_range(key, offset, length)
-        else:
+            pack, offset, length = ranges[number]
+            data = deps.logs.get_range(pack, offset, length)
+        if data is None:
             data = deps.logs.get(key)
         return data.decode("utf-8", errors="replace") if data is not None else None
 

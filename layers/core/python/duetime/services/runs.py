@@ -601,7 +601,8 @@ class Finish:
     result_truncated: bool = False
     #: bytes of the attempt's final log (0: empty, none was stored); None: not known
     log_bytes: int | None = None
-    #: where that log starts in ``log_key`` when it is a log pack (several attempts' logs in one object)
+    #: the log pack holding that log, and where it starts in it (several attempts' logs in one object)
+    log_pack: str | None = None
     log_offset: int | None = None
     #: when the attempt ended (UTC; the task's exit as its executor saw it); None: when it is recorded
     ended_at: datetime | None = None
@@ -704,6 +705,7 @@ def _plan_ends(
                 log_key=item.log_key,
                 reason=item.reason,
                 log_bytes=item.log_bytes,
+                log_pack=item.log_pack,
                 log_offset=item.log_offset,
             ),
             result_json=item.result_json,

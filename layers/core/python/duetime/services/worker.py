@@ -39,6 +39,7 @@ poll brought, waits for its slots and returns. A hand-back that cannot reach AWS
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import queue
@@ -50,14 +51,14 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
 from duetime.config.observability import logger
 from duetime.domain.errors import LeaseLostError, StartRejectedError
 from duetime.domain.lifecycle import INTERRUPTED_REASON
-from duetime.domain.logs import log_key
+from duetime.domain.logs import log_key, pack_key
 from duetime.domain.models import ContainerTask, Run, RunState
 from duetime.domain.ports import QUEUE_VISIBILITY_SECONDS, LogStore, ReceivedMessage
 from duetime.domain.timeutil import to_iso
@@ -97,6 +98,9 @@ END_RETRIES = 5
 MAX_WRITE_BATCH = 50
 #: How often the receive loop looks for a free slot (or the stop flag) while every slot is busy, seconds
 SLOT_WAIT_SECONDS = 0.1
+#: how often the log thread, waiting for more ends to pack (:meth:`Worker._gather_logs`), looks whether any
+#: slot still runs a task
+LINGER_STEP_SECONDS = 0.02
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,33 @@ class _Ended:
     recorded: Run | None = None
     #: the fault of its last failed record
     error: Exception | None = None
+    #: its final log while it is not settled: not stored yet (the log thread stores it), or stored in a log
+    #: pack whose record is not known yet (kept to put it under the attempt's own key if the end is
+    #: recorded by someone else: a cancel, the sweeper, the timeout handler)
+    log: _PendingLog | None = None
+
+
+@dataclass
+class _PendingLog:
+    """An ended attempt's final log on its way (:meth:`Worker._store_logs`)."""
+
+    #: the attempt's own key (its chunks were streamed under it)
+    key: str
+    data: bytes
+    #: chunks streamed while it ran (deleted once the final log is safe)
+    chunks: int
+    #: stored in a log pack (else not stored yet)
+    packed: bool = False
+
+
+@dataclass
+class _LogCleanup:
+    """After an end's record: delete its live chunks, and first put its final log under its own key when
+    the record was not the worker's (``data``), for the log thread."""
+
+    key: str
+    chunks: int
+    data: bytes | None = None
 
 
 @dataclass
@@ -413,6 +444,11 @@ class Worker:
         #: the writes waiting for the session thread (run_forever): the polls' starts, the slots' ends
         #: (None: it exits)
         self._writes: queue.SimpleQueue[_Starts | _Ended | None] = queue.SimpleQueue()
+        #: run_forever's slots hand their ends with a log to the log thread (:meth:`_log_loop`), which stores
+        #: the logs and passes the ends on; poll_once and process store each log themselves
+        self._packing = False
+        self._logs: queue.SimpleQueue[_Ended | _LogCleanup | None] = queue.SimpleQueue()
+        self._log_thread: threading.Thread | None = None
 
     # ---- the receive loop ------------------------------------------------------------------------------
     def run_forever(self, *, wait_seconds: int = 2) -> None:
@@ -428,9 +464,13 @@ class Worker:
         what is left, and returns."""
         failures = 0
         self._writes = queue.SimpleQueue()  # nothing left from an earlier run_forever
+        self._logs = queue.SimpleQueue()
         self._outstanding, self._start_fault = [], None
         session = threading.Thread(target=self._session_loop, name="session", daemon=True)
         session.start()
+        self._log_thread = threading.Thread(target=self._log_loop, name="logs", daemon=True)
+        self._log_thread.start()
+        self._packing = True
         try:
             while not self.stopping.is_set():
                 free = self._free_slots()
@@ -463,9 +503,20 @@ class Worker:
                 while not request.done.wait(0.2) and session.is_alive():
                     pass
             self._wait_for_slots()
+            self._packing = False
+            self._logs.put(None)  # the log thread passes on what it holds, then exits
+            while self._log_thread.is_alive():
+                self._log_thread.join(0.2)
             self._writes.put(None)
             while session.is_alive():
                 session.join(0.2)
+            while True:  # settlements the session handed over as the log thread exited
+                try:
+                    left = self._logs.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(left, _LogCleanup):
+                    self._clean(left)
 
     def _start_and_dispatch(self, received: list[ReceivedMessage], free: list[Slot]) -> None:
         """Hand the messages of one poll to the session thread, each with a free slot reserved for it, and
@@ -542,7 +593,7 @@ class Worker:
                 else:
                     ended = self._deliver(run, message)
                 if ended is not None:
-                    self._writes.put(ended)
+                    (self._logs if ended.log is not None else self._writes).put(ended)
                 slot.failures = 0
             except Exception as exc:  # noqa: BLE001 - a slot must outlive transient faults
                 slot.failures += 1
@@ -631,6 +682,7 @@ class Worker:
             ended.tries += 1
             ended.retry_at = now + min(lease / 4, 0.25 * 2**ended.tries)
         kept = [e for e in again if e.tries <= END_RETRIES and not self.stopping.is_set()]
+        self._settle_logs(ends, kept)
         for ended in again:
             if ended not in kept:
                 logger.warning(
@@ -738,23 +790,12 @@ class Worker:
                 slot.live = None
             task_ended = self.deps.clock.now()
             data = read_log(out)
-            try:
-                if data or live.chunks:
-                    self.deps.logs.put(key, data)
-                size = len(data)
-            except Exception as exc:  # noqa: BLE001 - a log upload failure must not lose the outcome
-                if self.deps.unreachable(exc):
-                    logger.warning("log upload failed: store unreachable or busy", extra={"error": str(exc)})
-                else:
-                    logger.exception("log upload failed")
-                if not live.chunks:
-                    written = None  # no log at all (with chunks, they are the attempt's log)
-            else:
-                if live.chunks:
-                    try:
-                        self.deps.logs.delete_chunks(key, count=live.chunks)
-                    except Exception:  # noqa: BLE001 - leftover chunks only cost storage (they expire)
-                        logger.warning("log chunks not deleted", exc_info=True, extra={"chunks": live.chunks})
+        pending: _PendingLog | None = None
+        if self._packing and not outcome.lease_lost and (data or live.chunks):
+            # the log thread stores it, with the others that end meanwhile (:meth:`_store_logs`)
+            pending, size = _PendingLog(key, data, live.chunks), len(data)
+        else:
+            written, size = self._store_own(key, data, live.chunks)
         if outcome.lease_lost:
             logger.warning(f"{outcome.error or 'lease lost'}: task stopped, not finishing")
             return _Ended(received, None, outcome)
@@ -780,7 +821,141 @@ class Worker:
             reason=reason,
             log_bytes=size,
         )
-        return _Ended(received, finish, outcome)
+        return _Ended(received, finish, outcome, log=pending)
+
+    def _store_own(self, key: str, data: bytes, chunks: int) -> tuple[str | None, int | None]:
+        """Store an attempt's final log under its own key (none for an empty log without chunks), then delete
+        its chunks: (the key its end records, the log's size). An upload that fails leaves the chunks as its
+        log (its own key, size unknown), or no log if it streamed none."""
+        try:
+            if data or chunks:
+                self.deps.logs.put(key, data)
+        except Exception as exc:  # noqa: BLE001 - a log upload failure must not lose the outcome
+            if self.deps.unreachable(exc):
+                logger.warning("log upload failed: store unreachable or busy", extra={"error": str(exc)})
+            else:
+                logger.exception("log upload failed")
+            return (key if chunks else None), None
+        if chunks:
+            self._delete_chunks(key, chunks)
+        return key, len(data)
+
+    def _delete_chunks(self, key: str, chunks: int) -> None:
+        try:
+            self.deps.logs.delete_chunks(key, count=chunks)
+        except Exception:  # noqa: BLE001 - leftover chunks only cost storage (they expire)
+            logger.warning("log chunks not deleted", exc_info=True, extra={"chunks": chunks})
+
+    # ---- the log thread ----------------------------------------------------------------------------------
+    def _log_loop(self) -> None:
+        """The log thread (run_forever): stores the final logs of the slots' ends, those that end together
+        as one log pack per tenant (:meth:`_store_logs`), and passes the ends on to the session thread, which
+        records them; then settles each packed log once its record is known (:class:`_LogCleanup`). All the
+        worker's log I/O at the end of an attempt happens here: never on the session thread, so a slow
+        object store never holds back a start."""
+        while True:
+            first = self._logs.get()
+            if first is None:
+                return
+            if isinstance(first, _LogCleanup):
+                self._clean(first)
+                continue
+            batch: list[_Ended] = [first]
+            done = self._gather_logs(batch)
+            self._store_logs(batch)
+            for ended in batch:
+                self._writes.put(ended)
+            if done:
+                return
+
+    def _gather_logs(self, batch: list[_Ended]) -> bool:
+        """Add to ``batch`` the ends that wait, and those that come within ``log_pack_window_seconds`` while
+        other slots still run a task (their logs then go out together); cleanups that come meanwhile are done
+        at once. Returns True if told to exit (None)."""
+        deadline = time.monotonic() + self.deps.settings.log_pack_window_seconds
+        while len(batch) < MAX_WRITE_BATCH:
+            with self._slots_lock:
+                running = any(slot.busy for slot in self._slots)
+            wait = running and not self.stopping.is_set() and (left := deadline - time.monotonic()) > 0
+            try:
+                more = (
+                    self._logs.get(timeout=min(left, LINGER_STEP_SECONDS))
+                    if wait
+                    else self._logs.get_nowait()
+                )
+            except queue.Empty:
+                if wait:
+                    continue
+                return False
+            if more is None:
+                return True
+            if isinstance(more, _LogCleanup):
+                self._clean(more)
+            else:
+                batch.append(more)
+        return False
+
+    def _store_logs(self, batch: list[_Ended]) -> None:
+        """Store the final logs of ``batch``: a tenant's only one under the attempt's own key (its chunks then
+        deleted), several of a tenant as one log pack (:func:`~duetime.domain.logs.pack_key`; each end names
+        its byte range: ``log_pack``, ``log_offset``) whose chunks are deleted once the end is recorded
+        (:meth:`_settle_logs`). A pack that cannot be stored falls back to one object per attempt."""
+        by_tenant: dict[str, list[_Ended]] = {}
+        for ended in batch:
+            if ended.log is not None and ended.finish is not None:
+                by_tenant.setdefault(ended.finish.run.tenant, []).append(ended)
+        for group in by_tenant.values():
+            if len(group) > 1 and self._store_pack(group):
+                continue
+            for ended in group:
+                log = ended.log
+                assert log is not None and ended.finish is not None
+                written, size = self._store_own(log.key, log.data, log.chunks)
+                ended.finish = replace(ended.finish, log_key=written, log_bytes=size)
+                ended.log = None
+
+    def _store_pack(self, group: list[_Ended]) -> bool:
+        """One log pack of ``group``'s logs; False (nothing changed) if it could not be stored."""
+        logs = [e.log for e in group if e.log is not None]
+        now = self.deps.clock.now()
+        key = pack_key(f"{now:%Y-%m-%d}", f"{now:%H%M%S}-{uuid.uuid4().hex}")
+        try:
+            self.deps.logs.put(key, b"".join(log.data for log in logs))
+        except Exception as exc:  # noqa: BLE001 - each attempt's log is then stored on its own
+            self._log_failure("log pack upload failed", exc)
+            return False
+        offsets = itertools.accumulate((len(log.data) for log in logs[:-1]), initial=0)
+        for ended, log, offset in zip(group, logs, offsets, strict=True):
+            assert ended.finish is not None
+            ended.finish = replace(ended.finish, log_pack=key, log_offset=offset)
+            log.packed = True
+        return True
+
+    def _settle_logs(self, ends: list[_Ended], kept: list[_Ended]) -> None:
+        """After a write of the session: each packed log whose end is now known (recorded by the worker, or
+        by someone else, or given up) is settled by the log thread: its chunks deleted, and first, unless the
+        worker's record stands, its log put under the attempt's own key (the key the other record names)."""
+        for ended in ends:
+            log = ended.log
+            if log is None or not log.packed or ended in kept:
+                continue
+            ended.log = None
+            own = None if isinstance(ended.recorded, Run) else log.data
+            cleanup = _LogCleanup(log.key, log.chunks, own)
+            if self._log_thread is not None and self._log_thread.is_alive():
+                self._logs.put(cleanup)
+            else:
+                self._clean(cleanup)
+
+    def _clean(self, cleanup: _LogCleanup) -> None:
+        if cleanup.data is not None:
+            try:
+                self.deps.logs.put(cleanup.key, cleanup.data)
+            except Exception as exc:  # noqa: BLE001 - with chunks, they stay the attempt's log
+                self._log_failure("log upload failed", exc)
+                return
+        if cleanup.chunks:
+            self._delete_chunks(cleanup.key, cleanup.chunks)
 
     def _write(self, starts: list[_Starts], batch: list[_Ended]) -> list[_Ended]:
         """Apply the starts of ``starts`` and the ends of ``batch`` together (:func:`start_and_finish`),

@@ -145,8 +145,24 @@ def job_from_item(item: Mapping[str, Any]) -> Job:
     return Job.from_stored(data)
 
 
+#: run attributes left out of the item while they hold these values (the model's structural defaults, which
+#: no condition reads and every append starts from with ``if_not_exists``): a run row's bytes are its write
+#: units (1 per started KB), and an ended run's row must stay under 1 KB
+_OMITTED_WHEN = {
+    "result_truncated": False,
+    "dead_lettered": False,
+    "missed_slots": 0,
+    "budget_from_attempt": 1,
+    "attempts": [],
+    "events": [],
+}
+
+
 def run_to_item(run: Run, *, retention_days: int) -> dict[str, Any]:
     data = _encode_json_fields(run.model_dump(mode="python"))
+    for name, default in _OMITTED_WHEN.items():
+        if name in data and data[name] == default:
+            del data[name]
     if not run.state.terminal and run.watch_at is not None:
         data[WATCH_INDEX_PK] = run.shard
     if not run.state.terminal and (run.overlap.enforced or run.held is not None):

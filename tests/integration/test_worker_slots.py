@@ -18,12 +18,15 @@ from typing import Any
 
 import pytest
 
+import duetime.services.worker as worker_module
 from duetime.config.deps import Deps, sqlite_deps
 from duetime.config.settings import Settings, settings_to_env
 from duetime.domain.api_models import CreateJobRequest
+from duetime.domain.logs import pack_key
 from duetime.domain.models import ContainerTask, RetryPolicy, Run, RunState
 from duetime.local.stack import LocalOptions, LocalStack
 from duetime.services import jobs
+from duetime.services.runs import Finish, start_and_finish
 from duetime.services.worker import DEFAULT_SLOTS, STOP_BUDGET_ENV, Worker, default_slots, task_marker_name
 
 #: the stop budget of the SIGTERMed worker process, seconds
@@ -259,6 +262,91 @@ def test_a_slow_log_upload_holds_back_no_start(deps: Deps, monkeypatch: pytest.M
     run = _run(deps, second)
     started = run.attempts[0].started_at
     assert started is not None and (started - run.due_at).total_seconds() < 1.5
+
+
+def test_a_6ea295a_packed_record_is_read_as_its_range_not_the_whole_pack(deps: Deps) -> None:  # noqa: F811
+    # Given two runs whose ends were recorded the way 6ea295a's workers recorded packed logs (log_key = the
+    # pack, log_offset = the range's start; no log_pack): rows that exist wherever 6ea295a ran
+    job_ids = [_submit(deps, ["true"], name=f"legacy{i}") for i in range(2)]
+    received = deps.queues.receive("small", max_messages=2, wait_seconds=0)
+    started, _ = start_and_finish([m.message for m in received if m.message], [], deps, owner="old-worker")
+    pack = pack_key("2026-11-30", "120000-legacy")
+    deps.logs.put(pack, b"log of A\nlog of B\n")
+    finishes = [
+        Finish(
+            run,
+            run.fencing_token,
+            RunState.SUCCEEDED,
+            exit_code=0,
+            log_key=pack,
+            log_bytes=9,
+            log_offset=9 * i,
+        )
+        for i, run in enumerate(r for r in started if not isinstance(r, Exception))
+    ]
+    start_and_finish([], finishes, deps, owner="old-worker")
+    # Then each run's log is its own 9 bytes (HEAD~1's reader: get_range(log_key, log_offset, log_bytes))
+    texts = sorted(jobs.get_run_log(_run(deps, j).run_id, tenant="t1", deps=deps) for j in job_ids)
+    assert texts == ["log of A\n", "log of B\n"], texts  # HEAD: both get "log of A\nlog of B\n"
+
+
+def test_ends_are_recorded_before_their_leases_expire_when_the_store_is_slow(
+    deps: Deps,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:
+    # Given 24 runs of 12 tenants (one log object each per batch) on a worker with 2 slots, and final log
+    # uploads that take 0.6 s each (a slow or throttled object store); leases of 5 s (the fixture)
+    real_put = deps.logs.put
+    monkeypatch.setattr(deps.logs, "put", lambda key, data: (time.sleep(0.6), real_put(key, data))[1])
+    late: list[tuple[str, float]] = []
+    real = worker_module.start_and_finish
+
+    def spy(messages: Any, finishes: Any, deps_: Any, **kw: Any) -> Any:
+        for finish in finishes:
+            now = deps.store.get_run(finish.run.job_id, finish.run.due_at)
+            assert now is not None
+            if now.lease_expires_at is not None and now.lease_expires_at < deps.clock.now():
+                late.append((now.run_id, (deps.clock.now() - now.lease_expires_at).total_seconds()))
+        return real(messages, finishes, deps_, **kw)
+
+    monkeypatch.setattr(worker_module, "start_and_finish", spy)
+    job_ids = [
+        jobs.create_job(
+            CreateJobRequest(name=f"q{i}", task=ContainerTask(command=["echo", f"run {i}"])),
+            tenant=f"tenant{i % 12}",
+            deps=deps,
+        ).job_id
+        for i in range(24)
+    ]
+    with _running(Worker(deps, "small", owner="w1", slots=2)):
+        _wait("all to succeed", lambda: _all_in(deps, job_ids, {RunState.SUCCEEDED}), timeout=60)
+    # Then every end was recorded while its lease still held (else the sweeper fails it worker_lost and
+    # runs a task that succeeded again)
+    assert not late, f"{len(late)} ends recorded after their lease expired: {late}"
+
+
+def test_an_exception_in_the_log_thread_loses_no_end(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    # Given a log thread whose store step raises once (any unforeseen fault: the loop has no guard)
+    real = Worker._store_logs
+    calls = {"n": 0}
+
+    def flaky(self: Worker, batch: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("unforeseen")
+        real(self, batch)
+
+    monkeypatch.setattr(Worker, "_store_logs", flaky)
+    first = _submit(deps, ["echo", "a"], name="a")
+    worker = Worker(deps, "small", owner="w1", slots=1)
+    with _running(worker):
+        time.sleep(2.0)
+        second = _submit(deps, ["echo", "b"], name="b")
+        time.sleep(3.0)
+        states = [_run(deps, j).state for j in (first, second)]
+        alive = worker._log_thread is not None and worker._log_thread.is_alive()
+    # Then the ends are still recorded
+    assert alive and states == [RunState.SUCCEEDED, RunState.SUCCEEDED], (alive, states)
 
 
 def test_a_worker_with_two_slots_never_runs_more_than_two(

@@ -24,7 +24,7 @@ from duetime.domain.errors import (
     ScheduleError,
 )
 from duetime.domain.lifecycle import message_for
-from duetime.domain.logs import log_key
+from duetime.domain.logs import PACK_PREFIX, log_key
 from duetime.domain.models import (
     MAX_LAMBDA_TIMEOUT_SECONDS,
     CatchUpPolicy,
@@ -197,10 +197,13 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
     running = run.attempt if run.state is RunState.RUNNING and run.attempt not in keys else None
 
     # attempts whose final log is a byte range of a log pack (read by range only: the pack holds others')
+    # (6ea295a's workers recorded the pack as the attempt's log_key)
     ranges = {
-        a.attempt: (a.log_pack, a.log_offset, a.log_bytes)
+        a.attempt: (a.log_pack or a.log_key, a.log_offset, a.log_bytes)
         for a in run.attempts
-        if a.log_pack is not None and a.log_offset is not None and a.log_bytes is not None
+        if a.log_offset is not None
+        and a.log_bytes is not None
+        and (a.log_pack is not None or (a.log_key or "").startswith(PACK_PREFIX))
     }
 
     def read(key: str, number: int | None = None) -> str | None:
@@ -210,7 +213,7 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
         if number in ranges:
             pack, offset, length = ranges[number]
             data = deps.logs.get_range(pack, offset, length)
-        if data is None:
+        if data is None and not key.startswith(PACK_PREFIX):  # a pack is read by range only, never whole
             data = deps.logs.get(key)
         return data.decode("utf-8", errors="replace") if data is not None else None
 

@@ -449,6 +449,8 @@ class Worker:
         self._packing = False
         self._logs: queue.SimpleQueue[_Ended | _LogCleanup | None] = queue.SimpleQueue()
         self._log_thread: threading.Thread | None = None
+        #: ends handed to the log thread and not yet passed on to the session (guarded by _slots_lock)
+        self._log_backlog = 0
 
     # ---- the receive loop ------------------------------------------------------------------------------
     def run_forever(self, *, wait_seconds: int = 2) -> None:
@@ -517,6 +519,9 @@ class Worker:
                     break
                 if isinstance(left, _LogCleanup):
                     self._clean(left)
+                elif isinstance(left, _Ended):  # the log thread died holding it: record it here
+                    self._store_each([left])
+                    self._apply([left])
 
     def _start_and_dispatch(self, received: list[ReceivedMessage], free: list[Slot]) -> None:
         """Hand the messages of one poll to the session thread, each with a free slot reserved for it, and
@@ -791,7 +796,7 @@ class Worker:
             task_ended = self.deps.clock.now()
             data = read_log(out)
         pending: _PendingLog | None = None
-        if self._packing and not outcome.lease_lost and (data or live.chunks):
+        if not outcome.lease_lost and (data or live.chunks) and self._log_thread_takes():
             # the log thread stores it, with the others that end meanwhile (:meth:`_store_logs`)
             pending, size = _PendingLog(key, data, live.chunks), len(data)
         else:
@@ -822,6 +827,20 @@ class Worker:
             log_bytes=size,
         )
         return _Ended(received, finish, outcome, log=pending)
+
+    def _log_thread_takes(self) -> bool:
+        """Whether this end's log goes to the log thread (and counts in its backlog): only in run_forever,
+        while the thread lives and holds fewer than :attr:`slots` ends. Else the slot stores it itself (its
+        own key) and stays busy meanwhile: a slow object store slows the worker's intake, it never leaves
+        ends waiting past their leases in an unbounded queue."""
+        thread = self._log_thread
+        if not self._packing or thread is None or not thread.is_alive():
+            return False
+        with self._slots_lock:
+            if self._log_backlog >= self.slots:
+                return False
+            self._log_backlog += 1
+        return True
 
     def _store_own(self, key: str, data: bytes, chunks: int) -> tuple[str | None, int | None]:
         """Store an attempt's final log under its own key (none for an empty log without chunks), then delete
@@ -861,8 +880,15 @@ class Worker:
                 self._clean(first)
                 continue
             batch: list[_Ended] = [first]
-            done = self._gather_logs(batch)
-            self._store_logs(batch)
+            done = False
+            try:
+                done = self._gather_logs(batch)
+                self._store_logs(batch)
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive it: its ends still get recorded
+                self._log_failure("storing logs failed", exc)
+                self._store_each(batch)
+            with self._slots_lock:
+                self._log_backlog -= len(batch)
             for ended in batch:
                 self._writes.put(ended)
             if done:
@@ -913,6 +939,19 @@ class Worker:
                 written, size = self._store_own(log.key, log.data, log.chunks)
                 ended.finish = replace(ended.finish, log_key=written, log_bytes=size)
                 ended.log = None
+
+    def _store_each(self, batch: list[_Ended]) -> None:
+        """The fallback of a failed :meth:`_store_logs`: each log not stored in a pack under its own key."""
+        for ended in batch:
+            log = ended.log
+            if log is None or log.packed or ended.finish is None:
+                continue
+            try:
+                written, size = self._store_own(log.key, log.data, log.chunks)
+            except Exception:  # noqa: BLE001 - with chunks, they stay the attempt's log
+                written, size = (log.key if log.chunks else None), None
+            ended.finish = replace(ended.finish, log_key=written, log_bytes=size)
+            ended.log = None
 
     def _store_pack(self, group: list[_Ended]) -> bool:
         """One log pack of ``group``'s logs; False (nothing changed) if it could not be stored."""

@@ -231,6 +231,8 @@ def per_run_rows(
             else:
                 final += 1
                 final_bytes += int(record.get("bytes") or 0)
+    # the final logs' bytes as the attempts recorded them (the PUT's body size is not always known to the hook)
+    final_bytes = sum(int(a.get("log_bytes") or 0) for run in runs for a in run.get("attempts") or [])
     return {
         "rows": list(rows.values()),
         "log_chunk_puts": chunks,

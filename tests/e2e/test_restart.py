@@ -46,6 +46,12 @@ def _runs(stack: Stack, job_id: str) -> list[dict[str, Any]]:
     return list(body["runs"])
 
 
+def _interrupted(run: dict) -> bool:
+    """The run's first attempt was in flight when the stack died: handed back by its worker or found lost."""
+    attempts = run.get("attempts") or []
+    return bool(attempts) and attempts[0].get("reason") in ("worker_stopped", "worker_lost")
+
+
 def test_a_sigkilled_stack_started_again_keeps_everything_and_runs_nothing_twice(tmp_path) -> None:
     stack = start_stack(tmp_path, *ARGS)
     restarted: Stack | None = None
@@ -124,13 +130,15 @@ def test_a_sigkilled_stack_started_again_keeps_everything_and_runs_nothing_twice
             ids["every-10s"], {"SUCCEEDED"}, count=len(before_runs[ids["every-10s"]]) + 1
         )
         down = [r for r in every if killed_at < _ts(r["due_at"]) < back_at - timedelta(seconds=6)]
-        assert all(r["state"] == "SKIPPED" for r in down), down
+        # (a slot due just after the kill may have been started by a worker in the moment before its death
+        # signal came: interrupted then, like the sleeper, it is retried; a retry is not subject to catch-up)
+        assert all(r["state"] == "SKIPPED" or _interrupted(r) for r in down), down
         assert restarted.request("GET", f"/jobs/{ids['every-10s']}")[1]["missed_slots"] >= 1
         assert any(_ts(r["due_at"]) > back_at and r["state"] == "SUCCEEDED" for r in every)
         # and nothing ran twice: every run but the interrupted one has one attempt
         for job_id in ids.values():
             for run in _runs(restarted, job_id):
-                if run["run_id"] != sleeper["run_id"]:
+                if run["run_id"] != sleeper["run_id"] and not _interrupted(run):
                     assert len(run["attempts"]) <= 1, run
     finally:
         if stack.proc.poll() is None:

@@ -467,6 +467,7 @@ class Worker:
         failures = 0
         self._writes = queue.SimpleQueue()  # nothing left from an earlier run_forever
         self._logs = queue.SimpleQueue()
+        self._log_backlog = 0
         self._outstanding, self._start_fault = [], None
         session = threading.Thread(target=self._session_loop, name="session", daemon=True)
         session.start()

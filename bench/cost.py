@@ -19,6 +19,7 @@ with their DynamoDB reads and the idle workers' empty polls.
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 import time
 import urllib.request
@@ -243,11 +244,7 @@ def per_run_rows(
 
 
 def _median(values: list[float]) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return statistics.median(values) if values else None
 
 
 def by_duration(by_run: dict[str, Any], runs: int, long_seconds: int) -> dict[str, Any]:

@@ -228,10 +228,9 @@ def _start_watch_at(
     at its lease's end (plus one sweep), and its timeout handler on time."""
     if deadline_at is None:
         return None
-    handler_due = handler_due_at(deadline_at, message.kill_grace_seconds, deps)
-    if handler_due >= now + timedelta(seconds=deps.settings.first_watch_seconds):
-        return None
-    return min(handler_due, lease_expires_at)
+    watch_at = running_watch_at(lease_expires_at, deadline_at, message.kill_grace_seconds, deps)
+    # the lease's end is never before now + first_watch_seconds: only a handler due sooner moves it
+    return watch_at if watch_at < now + timedelta(seconds=deps.settings.first_watch_seconds) else None
 
 
 def _after_starts(
@@ -571,6 +570,16 @@ def handler_due_at(deadline_at: datetime, kill_grace_seconds: float, deps: Deps)
     """When the sweeper steps in for an attempt past its deadline: the worker gets its kill grace plus one
     heartbeat interval to enforce the timeout itself first."""
     return deadline_at + timedelta(seconds=kill_grace_seconds + deps.settings.heartbeat_seconds)
+
+
+def running_watch_at(
+    lease_expires_at: datetime, deadline_at: datetime | None, kill_grace_seconds: float, deps: Deps
+) -> datetime:
+    """When the sweeper must next look at a RUNNING run (UTC): the sooner of its lease's end and, with a
+    deadline, its timeout handler's due time (:func:`handler_due_at`)."""
+    if deadline_at is None:
+        return lease_expires_at
+    return min(lease_expires_at, handler_due_at(deadline_at, kill_grace_seconds, deps))
 
 
 def heartbeat(run: Run, deps: Deps, *, fencing_token: int) -> Run:

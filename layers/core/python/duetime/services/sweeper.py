@@ -28,7 +28,14 @@ from duetime.domain.errors import LeaseLostError
 from duetime.domain.lifecycle import delay_seconds, message_for
 from duetime.domain.models import JobState, Run, RunState
 from duetime.services.deps import Deps
-from duetime.services.runs import HOLD_RECHECK_SECONDS, expire_lease, handler_due_at, release_held, skip
+from duetime.services.runs import (
+    HOLD_RECHECK_SECONDS,
+    expire_lease,
+    handler_due_at,
+    release_held,
+    running_watch_at,
+    skip,
+)
 from duetime.services.timeouts import start_handler
 
 
@@ -126,9 +133,9 @@ def _rewatch(run: Run, deps: Deps) -> bool:
     the lease without moving the watch time): watch it again at the sooner of the two. False if it moved
     on."""
     assert run.lease_expires_at is not None
-    watch_at = run.lease_expires_at
-    if run.deadline_at is not None:
-        watch_at = min(watch_at, handler_due_at(run.deadline_at, run.on_timeout.kill_grace_seconds, deps))
+    watch_at = running_watch_at(
+        run.lease_expires_at, run.deadline_at, run.on_timeout.kill_grace_seconds, deps
+    )
     return (
         deps.store.rewatch_running(run.job_id, run.due_at, fencing_token=run.fencing_token, watch_at=watch_at)
         is not None
@@ -158,14 +165,7 @@ def _resend(run: Run, deps: Deps) -> bool:
     """Re-send a PENDING run's message and push its watch time out by one grace period (only the sweeper
     that moved the watch time sends). Returns False if the run moved on meanwhile."""
     now = deps.clock.now()
-    moved = deps.store.defer_pending(
-        run.job_id,
-        run.due_at,
-        attempt=run.attempt,
-        seen_watch_at=run.watch_at,
-        watch_at=now + timedelta(seconds=deps.settings.first_watch_seconds),
-    )
-    if moved is None:
+    if not _defer(run, now + timedelta(seconds=deps.settings.first_watch_seconds), deps):
         return False
     deps.queues.send(run.task.tier, message_for(run), delay=delay_seconds(run.due_at, now))
     logger.info("pending run re-sent", extra={"run_id": run.run_id, "attempt": run.attempt})

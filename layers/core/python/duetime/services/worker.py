@@ -932,17 +932,12 @@ class Worker:
             if ended.log is not None and ended.finish is not None:
                 by_tenant.setdefault(ended.finish.run.tenant, []).append(ended)
         for group in by_tenant.values():
-            if len(group) > 1 and self._store_pack(group):
-                continue
-            for ended in group:
-                log = ended.log
-                assert log is not None and ended.finish is not None
-                written, size = self._store_own(log.key, log.data, log.chunks)
-                ended.finish = replace(ended.finish, log_key=written, log_bytes=size)
-                ended.log = None
+            if len(group) == 1 or not self._store_pack(group):
+                self._store_each(group)
 
     def _store_each(self, batch: list[_Ended]) -> None:
-        """The fallback of a failed :meth:`_store_logs`: each log not stored in a pack under its own key."""
+        """Each log of ``batch`` not stored in a pack under its own key (:meth:`_store_own`), also as the
+        fallback of a pack that failed or a :meth:`_store_logs` that raised."""
         for ended in batch:
             log = ended.log
             if log is None or log.packed or ended.finish is None:

@@ -18,6 +18,7 @@ from duetime.adapters.aws.lambda_invoker import BotoLambdaInvoker
 from duetime.config.deps import Deps
 from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.errors import InvokeError
+from duetime.domain.lifecycle import build_run, message_for
 from duetime.domain.models import (
     MAX_RESULT_BYTES,
     LambdaTask,
@@ -26,6 +27,8 @@ from duetime.domain.models import (
     Run,
     RunMessage,
     RunState,
+    ScheduleSpec,
+    Trigger,
 )
 from duetime.local.lambda_runtime import LocalLambdaContext, load_module
 from duetime.local.lambda_service import LocalLambda, sqs_event_record
@@ -181,6 +184,59 @@ def test_the_dispatcher_claims_the_run_and_invokes_its_function_once_with_the_en
     deps.queues.send("lambda", RunMessage(job_id=run.job_id, due_at=run.due_at, attempt=1))
     assert _dispatch(dispatcher, _event(_received(deps))) == []
     assert len(invoker.calls) == 1
+
+
+def _manual_run(deps: Deps, due_in: float, function: str) -> Run:
+    """A PENDING manual run of a Lambda job of its own (due far later), due ``due_in`` s from the clock."""
+    task = LambdaTask(function=function)
+    job = jobs.create_job(
+        CreateJobRequest(name="l", task=task, schedule=ScheduleSpec(expression="at(2030-01-01T00:00:00)")),
+        tenant="local",
+        deps=deps,
+    )
+    due = deps.clock.now() + timedelta(seconds=due_in)
+    run = build_run(job, due, now=deps.clock.now(), watch_after_seconds=30, trigger=Trigger.MANUAL)
+    deps.store.put_new_run(run)
+    return run
+
+
+def test_a_batch_is_dispatched_in_the_order_its_attempts_may_start(
+    deps: Deps, dispatcher: ModuleType, invoker: FakeInvoker
+) -> None:
+    # Given one batch whose first record wakes a run due 0.6 s from now (its delay rounded down: early) and
+    # whose second wakes a run due now
+    later, now = _manual_run(deps, 0.6, "later"), _manual_run(deps, 0, "now")
+    failed = _dispatch(dispatcher, _event([], message_for(later).body(), message_for(now).body()))
+    # Then the run due now was not held behind the early one: it was invoked first
+    assert failed == []
+    assert [f for f, _ in invoker.calls] == ["now", "later"]
+
+
+def test_a_record_far_too_early_goes_back_on_the_queue_until_it_may_be_held(
+    deps: Deps, dispatcher: ModuleType, invoker: FakeInvoker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    extended: list[tuple[str, str, int]] = []
+    real_extend = deps.queues.extend_visibility
+
+    def extend(tier: str, receipt_handle: str, seconds: int) -> None:
+        extended.append((tier, receipt_handle, seconds))
+        real_extend(tier, receipt_handle, seconds)
+
+    monkeypatch.setattr(deps.queues, "extend_visibility", extend)
+    # Given a wake-up delivered a minute before its run is due (a clock far off), in a batch with one due now
+    run, due = _manual_run(deps, 60, "early"), _manual_run(deps, 0, "due")
+    deps.queues.send("lambda", message_for(run))
+    deps.queues.send("lambda", message_for(due))
+    messages = _received(deps)
+    # When the dispatcher handles the batch
+    failed = _dispatch(dispatcher, _event(messages))
+    # Then the early one is not claimed nor invoked, its record fails (not deleted), invisible for the wait
+    early_id = next(m["MessageId"] for m in messages if run.job_id in m["Body"])
+    assert failed == [early_id]
+    assert [f for f, _ in invoker.calls] == ["due"]
+    assert deps.store.get_run(run.job_id, run.due_at).state is RunState.PENDING  # type: ignore[union-attr]
+    early = next(m for m in messages if m["MessageId"] == early_id)
+    assert extended == [("lambda", early["ReceiptHandle"], 60)]  # the clock does not move: 60 s exactly
 
 
 def test_a_record_that_cannot_be_claimed_fails_alone_in_its_batch(

@@ -116,7 +116,10 @@ def test_worker_timeout_with_trigger_starts_the_other_job_with_the_run_id(sfn_de
     worker.poll_once()
     [timed_out] = sfn_deps.store.list_runs(a)
     assert (timed_out.state, timed_out.timeout_outcome) == (RunState.TIMED_OUT, f"triggered job {b}")
-    # Then B has a run triggered by the timeout handler, and it runs with DUETIME_TRIGGERED_BY
+    # Then B has a run triggered by the timeout handler, due at A's deadline (the fixed clock is moved
+    # there: it stood still while the task ran), and it runs with DUETIME_TRIGGERED_BY
+    assert timed_out.deadline_at is not None
+    sfn_deps.clock.set(timed_out.deadline_at)  # type: ignore[attr-defined]
     worker.poll_once()
     triggered = [r for r in sfn_deps.store.list_runs(b) if r.trigger is Trigger.TIMEOUT_HANDLER]
     assert len(triggered) == 1 and triggered[0].triggered_by == timed_out.run_id

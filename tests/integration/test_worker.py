@@ -147,14 +147,14 @@ def test_a_failing_command_is_retried_by_its_delayed_wake_up_then_dead_lettered(
     assert sweep(run.shard, deps).retries_released == 0
 
 
-def test_an_early_retry_wake_up_is_dropped_and_the_sweeper_releases_the_retry(deps: Deps, clock) -> None:
+def test_an_early_retry_wake_up_does_not_start_the_retry_before_its_time(deps: Deps, clock) -> None:
     # Given attempt 1 failed with a 1 s backoff, and the worker's clock has not reached retry_at yet
     job_id = _submit(
         deps, ["sh", "-c", "exit 1"], retry=RetryPolicy(max_attempts=2, backoff_seconds=1, jitter="none")
     )
     worker = Worker(deps, "small", owner="w1")
     worker.poll_once()
-    # When the wake-up arrives early, it is rejected: attempt 2 does not start before its time
+    # When the wake-up arrives early, it goes back to the queue: attempt 2 does not start before its time
     assert worker.poll_once(wait_seconds=5) == 1
     [run] = deps.store.list_runs(job_id)
     assert (run.state, run.attempt) == (RunState.RETRY_WAIT, 1)

@@ -12,6 +12,7 @@ from duetime.domain.lifecycle import (
     build_run,
     decide_attempt_end,
     delay_seconds,
+    hold_seconds,
     message_for,
     timeout_triggered_run,
 )
@@ -232,9 +233,19 @@ def test_a_new_run_is_watched_from_its_grace_or_its_starting_deadline() -> None:
     assert tight.watch_at == tight.start_deadline_at == T0 + timedelta(seconds=10)
 
 
-def test_a_wake_up_delay_is_rounded_up_and_capped_at_the_queue_limit() -> None:
-    assert delay_seconds(T0 + timedelta(seconds=1.2), T0) == 2
+def test_a_wake_up_delay_is_rounded_down_and_capped_at_the_queue_limit() -> None:
+    # rounded down, the wake-up comes less than a second early and the consumer holds it until its time
+    assert delay_seconds(T0 + timedelta(seconds=1.2), T0) == 1
+    assert delay_seconds(T0 + timedelta(seconds=2.999), T0) == 2
+    assert delay_seconds(T0 + timedelta(seconds=3), T0) == 3
+    assert delay_seconds(T0 + timedelta(seconds=0.4), T0) == 0
     assert delay_seconds(T0 - timedelta(seconds=5), T0) == 0
     assert delay_seconds(T0 + timedelta(hours=1), T0) == 900
     message = message_for(_running(_job()), attempt=2)
     assert (message.attempt, message.tier, message.tenant) == (2, "small", "acme")
+    # a first attempt may start at its due time, a retry at its retry_at
+    assert (message.retry_at, message.ready_at) == (None, message.due_at)
+    retry = message_for(_running(_job()), attempt=2, retry_at=T0 + timedelta(seconds=40))
+    assert retry.ready_at == T0 + timedelta(seconds=40)
+    assert hold_seconds(retry, T0 + timedelta(seconds=39.25)) == 0.75
+    assert hold_seconds(retry, T0 + timedelta(seconds=41)) == 0

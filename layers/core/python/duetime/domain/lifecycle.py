@@ -27,13 +27,28 @@ MAX_FREE_INTERRUPTIONS = 5
 #: the longest delay a run queue message can carry, seconds (SQS's DelaySeconds limit, 15 minutes); a
 #: longer backoff is released by the sweeper at ``retry_at`` instead
 MAX_MESSAGE_DELAY_SECONDS = 900
+#: a consumer holds a delivery that came at most this early (seconds before its attempt may start) until
+#: then; one earlier (a clock far off) goes back to the queue until then
+MAX_HOLD_SECONDS = 5.0
 
 
-def delay_seconds(due_at: datetime, now: datetime) -> int:
-    """The delay of a run's wake-up message, seconds: ``ceil(due_at - now)`` clamped to
-    0..MAX_MESSAGE_DELAY_SECONDS (claims never look further ahead than that)."""
-    seconds = math.ceil((due_at - now).total_seconds())
+def delay_seconds(ready_at: datetime, now: datetime) -> int:
+    """The delay of a wake-up message for an attempt that may start at ``ready_at`` (UTC), whole seconds:
+    ``floor(ready_at - now)`` clamped to 0..MAX_MESSAGE_DELAY_SECONDS (claims never look further ahead).
+
+    SQS's ``DelaySeconds`` is an integer. Rounded up, every run would start up to a second late (half a
+    second on average); rounded down, the delivery comes less than a second early and the worker holds it
+    until the message's :attr:`~duetime.domain.models.RunMessage.ready_at`."""
+    seconds = math.floor((ready_at - now).total_seconds())
     return max(0, min(MAX_MESSAGE_DELAY_SECONDS, seconds))
+
+
+def hold_seconds(message: RunMessage, now: datetime) -> float:
+    """Seconds from ``now`` until the attempt ``message`` wakes may start (its
+    :attr:`~duetime.domain.models.RunMessage.ready_at`; 0: now). Its delay was rounded down
+    (:func:`delay_seconds`), so a delivery comes up to about a second early: the consumer holds it, at most
+    :data:`MAX_HOLD_SECONDS`."""
+    return max(0.0, (message.ready_at - now).total_seconds())
 
 
 @dataclass(frozen=True)
@@ -272,8 +287,9 @@ def timeout_triggered_run(timed_out: Run, target: Job, *, now: datetime, watch_a
     ).model_copy(update={"triggered_by": timed_out.run_id})
 
 
-def message_for(run: Run, *, attempt: int | None = None) -> RunMessage:
-    """The wake-up message of ``run``'s current (or the given) attempt."""
+def message_for(run: Run, *, attempt: int | None = None, retry_at: datetime | None = None) -> RunMessage:
+    """The wake-up message of ``run``'s current (or the given) attempt; ``retry_at``: a retry's, which its
+    attempt may not start before (:attr:`RunMessage.ready_at`)."""
     return RunMessage(
         job_id=run.job_id,
         due_at=run.due_at,
@@ -285,4 +301,5 @@ def message_for(run: Run, *, attempt: int | None = None) -> RunMessage:
         tier=run.task.tier,
         trigger=run.trigger,
         job_created_at=run.job_created_at,
+        retry_at=retry_at,
     )

@@ -219,6 +219,8 @@ class StoredModel(BaseModel):
         if not is_stored(info) or not isinstance(data, dict | Mapping):
             return data
         known = _field_keys(cls)
+        if known.issuperset(data):  # the common case: nothing to drop, no copy
+            return data
         return {key: value for key, value in data.items() if key in known}
 
 
@@ -796,7 +798,23 @@ class RunMessage(BaseModel):
     trigger: Trigger | None = None
     #: the ``created_at`` of the job the run was claimed for (:attr:`Run.job_created_at`)
     job_created_at: Instant | None = None
+    #: a retry's ``retry_at``: its attempt may not start before it (None: the run's due time governs)
+    retry_at: Instant | None = None
 
     @property
     def run_id(self) -> str:
         return run_id_for(self.job_id, self.due_at)
+
+    def body(self) -> str:
+        """The queue message's body: this message as JSON, without its unset (None) fields, so a consumer of
+        an earlier version, which forbids fields it does not know, still reads a message that does not use
+        a field added since (during a rolling deploy or a rollback)."""
+        return self.model_dump_json(exclude_none=True)
+
+    @property
+    def ready_at(self) -> datetime:
+        """When the attempt may start (UTC): the retry's ``retry_at``, else the run's due time.
+
+        A queue delay is whole seconds rounded down (:func:`~duetime.domain.lifecycle.delay_seconds`), so a
+        delivery comes up to about a second before this; the worker holds it until then."""
+        return self.retry_at or self.due_at

@@ -1,7 +1,7 @@
 """Claiming due runs: the hot path of DESIGN.md section 4 (no transactions).
 
 For each due job: (1) conditional put of the run ``(job_id, due_at)``; (2) conditional advance of the job's
-``next_fire_at``; (3) SendMessage to the tier's queue with ``DelaySeconds = ceil(due_at - now)``. Each step is
+``next_fire_at``; (3) SendMessage to the tier's queue with ``DelaySeconds = floor(due_at - now)``. Each step is
 idempotent on its own; a crash between two steps is repaired by the next tick (step 1 finds the run, step 2
 advances) or by the sweeper (a PENDING run past due + grace is re-sent). A tick does each step for a batch
 of due jobs at once (``settings.claim_batch_size``; :func:`claim_batch`): every item is still conditional on
@@ -166,7 +166,7 @@ def claim_batch(jobs: Sequence[Job], deps: Deps, *, trigger: Trigger = Trigger.S
     of the jobs whose runs were written: each job's ``next_fire_at`` moved from the claimed value to the
     first slot after the last one handled (removed, with the job COMPLETED, when there is none); then the
     tenants' active-jobs counters for the jobs that COMPLETED; (3) ``send_batch`` per tier of each run with
-    ``DelaySeconds = ceil(due - now)``, for runs this claim inserted or whose job it advanced (re-sent for
+    ``DelaySeconds = floor(due - now)``, for runs this claim inserted or whose job it advanced (re-sent for
     runs an earlier, crashed claim inserted; duplicates fail the conditional start).
 
     A fault once a job is advanced never escapes: its messages are sent again one by one, and what still

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -38,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, Json, JsonValue, ValidationEr
 
 from duetime.config.observability import logger
 from duetime.domain.errors import InvokeError, LeaseLostError, StartRejectedError
+from duetime.domain.lifecycle import MAX_HOLD_SECONDS, hold_seconds
 from duetime.domain.logs import log_key
 from duetime.domain.models import (
     MAX_LAMBDA_TIMEOUT_SECONDS,
@@ -54,6 +56,11 @@ from duetime.domain.models import (
 from duetime.domain.ports import LambdaInvoker
 from duetime.services.deps import Deps
 from duetime.services.runs import finish, start
+
+
+class NotReadyError(Exception):
+    """A delivery came far earlier than its attempt may start: it goes back to the queue."""
+
 
 #: A Lambda run's lease: its timeout plus this margin (the destination record arrives after the function).
 LAMBDA_LEASE_MARGIN_SECONDS = 60.0
@@ -125,9 +132,18 @@ class DispatchOutcome(StrEnum):
 def dispatch(message: RunMessage, deps: Deps, invoker: LambdaInvoker, *, owner: str) -> DispatchOutcome:
     """Claim the run ``message`` wakes up and invoke its function once, asynchronously.
 
+    A delivery that came early (its delay was rounded down to whole seconds) is held until its attempt may
+    start (:func:`~duetime.domain.lifecycle.hold_seconds`).
+
     Raises:
-        the store's fault before the claim (the record fails; SQS redelivers it).
+        the store's fault before the claim (the record fails; SQS redelivers it); NotReadyError for a
+        delivery more than MAX_HOLD_SECONDS early (the record fails and comes back later).
     """
+    wait = hold_seconds(message, deps.clock.now())
+    if wait > MAX_HOLD_SECONDS:
+        raise NotReadyError(f"run {message.run_id} attempt {message.attempt} may not start for {wait:.1f} s")
+    if wait > 0:
+        time.sleep(wait)
     timeout = message.timeout_seconds or MAX_LAMBDA_TIMEOUT_SECONDS
     try:
         run = start(message, deps, owner=owner, lease_seconds=timeout + LAMBDA_LEASE_MARGIN_SECONDS)

@@ -823,7 +823,9 @@ def send_retry_wake_up(run: Run, deps: Deps) -> None:
         return
     delay = delay_seconds(run.retry_at, deps.clock.now())
     if (run.retry_at - deps.clock.now()).total_seconds() <= MAX_MESSAGE_DELAY_SECONDS:
-        deps.queues.send(run.task.tier, message_for(run, attempt=run.attempt + 1), delay=delay)
+        deps.queues.send(
+            run.task.tier, message_for(run, attempt=run.attempt + 1, retry_at=run.retry_at), delay=delay
+        )
 
 
 def expire_lease(run: Run, deps: Deps) -> Run:

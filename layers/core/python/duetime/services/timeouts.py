@@ -75,7 +75,10 @@ def plan_timeout(run: Run, deps: Deps) -> TimeoutPlan:
     ).with_fence(execution=name)
     retry = triggered = successor = None
     if end.retry_at is not None and (end.retry_at - now).total_seconds() <= MAX_MESSAGE_DELAY_SECONDS:
-        retry = (message_for(run, attempt=run.attempt + 1), delay_seconds(end.retry_at, now))
+        retry = (
+            message_for(run, attempt=run.attempt + 1, retry_at=end.retry_at),
+            delay_seconds(end.retry_at, now),
+        )
     if run.on_timeout.action == "trigger" and run.on_timeout.job_id:
         target = deps.store.get_job(run.on_timeout.job_id)
         if target is not None and triggerable(target, run.tenant):

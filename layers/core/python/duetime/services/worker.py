@@ -52,18 +52,26 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import IO
 
 from duetime.config.observability import logger
 from duetime.domain.errors import LeaseLostError, StartRejectedError
-from duetime.domain.lifecycle import INTERRUPTED_REASON
+from duetime.domain.lifecycle import (
+    INTERRUPTED_REASON,
+    MAX_HOLD_SECONDS,
+    MAX_MESSAGE_DELAY_SECONDS,
+    delay_seconds,
+    hold_seconds,
+)
 from duetime.domain.logs import log_key, pack_key
 from duetime.domain.models import ContainerTask, Run, RunState
 from duetime.domain.ports import QUEUE_VISIBILITY_SECONDS, LogStore, ReceivedMessage
 from duetime.domain.timeutil import to_iso
 from duetime.services.deps import Deps
 from duetime.services.runs import Finish, heartbeat, start_and_finish
+from duetime.services.task_process import TaskProcess
 
 #: Largest log uploaded per attempt, bytes; longer output keeps its head and tail.
 MAX_LOG_BYTES = 4 * 1024 * 1024
@@ -96,6 +104,8 @@ END_RETRIES = 5
 #: The most requests (a poll's starts, an ended attempt) the session thread applies in one write (one
 #: transaction on the embedded store)
 MAX_WRITE_BATCH = 50
+#: While the session holds early deliveries, it looks this often (seconds) whether the worker was told to stop
+HOLD_LOOK_SECONDS = 0.1
 #: How often the receive loop looks for a free slot (or the stop flag) while every slot is busy, seconds
 SLOT_WAIT_SECONDS = 0.1
 #: how often the log thread, waiting for more ends to pack (:meth:`Worker._gather_logs`), looks whether any
@@ -128,7 +138,7 @@ class _Ended:
     #: failed tries to record it so far (a fault of the store: tried again, with a backoff)
     tries: int = 0
     #: when it may be tried again (time.monotonic())
-    retry_at: float = 0.0
+    ready_at: float = 0.0
     #: the run as recorded (None: its lease was lost, or not recorded yet)
     recorded: Run | None = None
     #: the fault of its last failed record
@@ -172,6 +182,8 @@ class _Starts:
     slots: list[Slot] = field(default_factory=list)
     outcomes: list[Run | Exception] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
+    #: when they may start (time.monotonic()): the session holds a delivery that came early until then
+    ready_at: float = 0.0
 
 
 def outcome_run_id(message: ReceivedMessage) -> str | None:
@@ -299,13 +311,14 @@ def task_env(run: Run, base: dict[str, str] | None = None) -> dict[str, str]:
 class ExitWaiter:
     """Waits for a child process to exit, woken the moment it does.
 
-    ``Popen.wait(timeout)`` polls with sleeps that double up to 50 ms, so a task that takes 4 ms is seen to
-    have ended at about 7.5 ms, and a burst of short tasks spends most of its slots' time asleep. On Linux
-    (5.3+) this waits on the process's pidfd (``os.pidfd_open``) with ``select.poll`` instead; elsewhere
-    it falls back to ``Popen.wait``. The pidfd is closed once the exit was seen (or when the object goes).
+    ``TaskProcess.wait(timeout)`` polls with sleeps that double up to 50 ms (as Popen's), so a task that
+    takes 4 ms is seen to have ended at about 7.5 ms, and a burst of short tasks spends most of its slots'
+    time asleep. On Linux (5.3+) this waits on the process's pidfd (``os.pidfd_open``) with ``select.poll``
+    instead; elsewhere it falls back to ``TaskProcess.wait``. The pidfd is closed once the exit was seen (or
+    when the object goes).
     """
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: TaskProcess) -> None:
         self.proc = proc
         self._fd: int | None = None
         self._poller: select.poll | None = None
@@ -313,7 +326,7 @@ class ExitWaiter:
             self._fd = os.pidfd_open(proc.pid)
             self._poller = select.poll()
             self._poller.register(self._fd, select.POLLIN)
-        except (AttributeError, OSError):  # no pidfd here (or the child was reaped): Popen's own wait
+        except (AttributeError, OSError):  # no pidfd here (or the child was reaped): the process's own wait
             self.close()
 
     def wait(self, timeout: float) -> int | None:
@@ -329,7 +342,7 @@ class ExitWaiter:
             return None
 
     def close(self) -> None:
-        """Close the pidfd (once; ``wait`` then falls back to ``Popen.wait``)."""
+        """Close the pidfd (once; ``wait`` then falls back to ``TaskProcess.wait``)."""
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
@@ -339,7 +352,7 @@ class ExitWaiter:
         self.close()
 
 
-def kill_group(proc: subprocess.Popen[bytes], grace_seconds: float) -> None:
+def kill_group(proc: TaskProcess, grace_seconds: float) -> None:
     """SIGTERM the process group of ``proc``, wait up to ``grace_seconds``, then SIGKILL it."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -396,7 +409,7 @@ class Slot:
         #: taken by the receive loop for a message, until its thread is done with it
         self.busy = False
         #: the running task's process, None between tasks
-        self.task: subprocess.Popen[bytes] | None = None
+        self.task: TaskProcess | None = None
         #: when the slot's last task ended (time.monotonic())
         self.task_ended_at = 0.0
         #: the slot's thread is stopping its task (SIGTERM, grace, SIGKILL)
@@ -535,15 +548,31 @@ class Worker:
             if poison.message is None:
                 # not a run message: leave it; the queue moves it to the tier's DLQ after maxReceiveCount
                 logger.error("poison message", extra={"tier": self.tier, "body": poison.body[:500]})
-        runs = [r for r in received if r.message is not None]
-        if runs:
-            slots = free[: len(runs)]
+        requests: dict[datetime | None, _Starts] = {}
+        # the wall clock first: a pause between the two reads then lengthens a hold, never shortens it
+        clock = self.deps.clock.now()
+        now = time.monotonic()
+        for received_run, slot in zip((r for r in received if r.message is not None), free, strict=False):
+            assert received_run.message is not None
+            wait = hold_seconds(received_run.message, clock)
+            if wait > MAX_HOLD_SECONDS:  # back on the queue until it may be held (as its delay: rounded down)
+                self._give_back(received_run, after=delay_seconds(received_run.message.ready_at, clock))
+                continue
+            # deliveries that may start at one instant start together (those ready now: one request)
+            ready = received_run.message.ready_at if wait > 0 else None
+            request = requests.setdefault(ready, _Starts([], ready_at=now + wait))
+            request.received.append(received_run)
+            request.slots.append(slot)
+        if requests:
             with self._slots_lock:
-                for slot in slots:
-                    slot.busy = True
-            request = _Starts(runs, slots=slots)
-            self._outstanding = [r for r in self._outstanding if not r.done.is_set()] + [request]
-            self._writes.put(request)
+                for request in requests.values():
+                    for slot in request.slots:
+                        slot.busy = True
+            self._outstanding = [r for r in self._outstanding if not r.done.is_set()] + list(
+                requests.values()
+            )
+            for request in requests.values():
+                self._writes.put(request)
         fault, self._start_fault = self._start_fault, None
         if fault is not None:
             raise fault
@@ -625,22 +654,27 @@ class Worker:
         """The session thread: applies the worker's writes, all those waiting at once (the polls' starts,
         the slots' ends), until the loop is done (None). An end whose record failed (a fault of the store:
         nothing was applied on the embedded store; on DynamoDB a repeat of an applied end is refused as
-        stale) is tried again after a backoff, up to END_RETRIES times while its lease lasts."""
-        retries: list[_Ended] = []
+        stale) is tried again after a backoff, up to END_RETRIES times while its lease lasts. A poll's starts
+        that came early wait until they may start (``ready_at``), or until the worker is told to stop (then
+        :meth:`_apply` gives their messages back)."""
+        waiting: list[_Starts | _Ended] = []  # held starts and ends to try again, each until its ready_at
         while True:
             now = time.monotonic()
-            timeout = max(0.0, min(e.retry_at for e in retries) - now) if retries else None
+            timeout = max(0.0, min(item.ready_at for item in waiting) - now) if waiting else None
+            if timeout is not None and any(isinstance(item, _Starts) for item in waiting):
+                timeout = min(timeout, HOLD_LOOK_SECONDS)
             batch: list[_Starts | _Ended] = []
+            done = False
             try:
                 first = self._writes.get(timeout=timeout)
             except queue.Empty:
-                pass  # a retry is due
+                pass  # a held start or a retry is due
             else:
                 if first is None:
-                    return
-                batch.append(first)
-            done = False
-            while len(batch) < MAX_WRITE_BATCH:
+                    done = True
+                else:
+                    batch.append(first)
+            while not done and len(batch) < MAX_WRITE_BATCH:
                 try:
                     more = self._writes.get_nowait()
                 except queue.Empty:
@@ -650,11 +684,33 @@ class Worker:
                     break
                 batch.append(more)
             now = time.monotonic()
-            batch += [e for e in retries if e.retry_at <= now or done]
-            retries = [e for e in retries if not (e.retry_at <= now or done)]
-            retries += self._apply(batch)
+            stopping = self.stopping.is_set()
+            ready: list[_Starts | _Ended] = []
+            held: list[_Starts | _Ended] = []
+            for item in waiting + batch:
+                starts = isinstance(item, _Starts)
+                # exiting, everything is applied once more (held starts are given back)
+                leaving = done or (stopping and starts)
+                due = item.ready_at <= now and not (starts and self._still_early(item))  # type: ignore[arg-type]
+                (ready if leaving or due else held).append(item)
+            waiting = held + (self._apply(ready) if ready else [])
             if done:
                 return
+
+    def _still_early(self, request: _Starts) -> bool:
+        """Whether a held start may not start yet by the clock its attempts' times are on (a pause, or the
+        wall clock stepped back, since the hold was timed): if so it is held again, for what is left."""
+        wait = max(
+            (
+                hold_seconds(r.message, self.deps.clock.now())
+                for r in request.received
+                if r.message is not None
+            ),
+            default=0.0,
+        )
+        if wait > 0:
+            request.ready_at = time.monotonic() + wait
+        return wait > 0
 
     def _apply(self, batch: list[_Starts | _Ended]) -> list[_Ended]:
         """One write of the session: ``batch``'s starts and ends together; returns the ends to try again."""
@@ -686,7 +742,7 @@ class Worker:
         now = time.monotonic()
         for ended in again:
             ended.tries += 1
-            ended.retry_at = now + min(lease / 4, 0.25 * 2**ended.tries)
+            ended.ready_at = now + min(lease / 4, 0.25 * 2**ended.tries)
         kept = [e for e in again if e.tries <= END_RETRIES and not self.stopping.is_set()]
         self._settle_logs(ends, kept)
         for ended in again:
@@ -711,9 +767,10 @@ class Worker:
                 self._start_fault = self._start_fault or outcome
             self._release(slot)
 
-    def _give_back(self, message: ReceivedMessage) -> None:
+    def _give_back(self, message: ReceivedMessage, *, after: int = 0) -> None:
+        """Put ``message`` back on the queue, visible again in ``after`` seconds."""
         try:
-            self.deps.queues.extend_visibility(self.tier, message.receipt_handle, 0)
+            self.deps.queues.extend_visibility(self.tier, message.receipt_handle, after)
         except Exception as exc:  # noqa: BLE001 - it comes back after its visibility timeout anyway
             self._log_failure("giving a message back failed", exc)
 
@@ -757,6 +814,12 @@ class Worker:
         if received.message is None:
             # not a run message: leave it; SQS moves it to the tier's DLQ after maxReceiveCount deliveries
             logger.error("poison message", extra={"tier": self.tier, "body": received.body[:500]})
+            return None
+        wait = hold_seconds(received.message, self.deps.clock.now())
+        if wait > 0:
+            # early: this thread holds nothing (no timer; the simulation's clock is not the wall's), the
+            # delivery goes back until its attempt may start (rounded up); run_forever holds it instead
+            self._give_back(received, after=min(MAX_MESSAGE_DELAY_SECONDS, math.ceil(wait)))
             return None
         request = _Starts([received])
         self._write([request], [])
@@ -1034,7 +1097,10 @@ class Worker:
         return failed
 
     def _echo(self, finish: Finish, outcome: Run | Exception | None) -> None:
-        logger.info("run finished", extra={"state": finish.outcome.value, "exit_code": finish.exit_code})
+        # a success at DEBUG: one line per run is most of a burst's log volume and of its logging CPU
+        # (about 65 us a line); the run row and the RunStarted/ScheduleLag metrics have it
+        log = logger.debug if finish.outcome is RunState.SUCCEEDED else logger.info
+        log("run finished", extra={"state": finish.outcome.value, "exit_code": finish.exit_code})
         if os.environ.get("DUETIME_WORKER_ECHO"):
             run = finish.run
             shown = (
@@ -1056,17 +1122,13 @@ class Worker:
                 exit_code=None, timed_out=False, lease_lost=False, error="not a container task"
             )
         try:
-            with tempfile.TemporaryFile() if task.stdin else contextlib.nullcontext() as stdin:
-                if stdin is not None:
-                    stdin.write((task.stdin or "").encode())
+            with tempfile.TemporaryFile() if task.stdin else open(os.devnull, "rb") as stdin:  # noqa: SIM115
+                if task.stdin:
+                    stdin.write(task.stdin.encode())
                     stdin.seek(0)
-                proc = subprocess.Popen(  # noqa: S603 - argv list, no shell unless the job asked for one
-                    task.command,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=stdin if stdin is not None else subprocess.DEVNULL,
-                    env=task_env(run, self._base_env),
-                    start_new_session=True,
+                # an argv list, no shell unless the job asked for one
+                proc = TaskProcess(
+                    task.command, env=task_env(run, self._base_env), stdin=stdin.fileno(), out=out.fileno()
                 )
         except (OSError, ValueError) as exc:
             out.write(f"duetime: cannot start {task.command[0]!r}: {exc}\n".encode())
@@ -1087,7 +1149,7 @@ class Worker:
                 marker.unlink(missing_ok=True)
 
     def _supervise(
-        self, run: Run, token: int, out: IO[bytes], received: ReceivedMessage, proc: subprocess.Popen[bytes]
+        self, run: Run, token: int, out: IO[bytes], received: ReceivedMessage, proc: TaskProcess
     ) -> TaskOutcome:
         """Wait for the task, heartbeating, streaming its output and enforcing its deadline; stop it if the
         lease is lost or the worker is told to stop (looked at every 0.5 s). Runs in the task's slot's
@@ -1104,7 +1166,7 @@ class Worker:
         token: int,
         out: IO[bytes],
         received: ReceivedMessage,
-        proc: subprocess.Popen[bytes],
+        proc: TaskProcess,
         exited: ExitWaiter,
     ) -> TaskOutcome:
         """:meth:`_supervise`'s loop, waiting on ``exited``."""
@@ -1165,7 +1227,7 @@ class Worker:
             if live is not None:
                 live.poll(time.monotonic())
 
-    def _kill(self, proc: subprocess.Popen[bytes], grace_seconds: float) -> None:
+    def _kill(self, proc: TaskProcess, grace_seconds: float) -> None:
         self._slot().task_killing = True  # the stop deadline's thread leaves it to this slot's loop
         kill_group(proc, grace_seconds)
 
@@ -1221,7 +1283,7 @@ def handle_stop_signals(worker: Worker, *, budget_seconds: float | None = None) 
 
 
 def _exited(pid: int) -> bool:
-    """Whether the child ``pid`` has exited, without reaping it (its Popen still waits for it)."""
+    """Whether the child ``pid`` has exited, without reaping it (its TaskProcess still waits for it)."""
     try:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:

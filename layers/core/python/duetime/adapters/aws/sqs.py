@@ -41,7 +41,7 @@ class SqsQueues:
         """
         return {
             "QueueUrl": self.queue_urls[tier],
-            "MessageBody": message.model_dump_json(),
+            "MessageBody": message.body(),
             "DelaySeconds": max(0, min(MAX_MESSAGE_DELAY_SECONDS, int(delay))),
             "MessageGroupId": (message.tenant or "")[:128],
         }

@@ -88,7 +88,7 @@ class SqliteQueues:
 
     def send_batch(self, tier: str, messages: Sequence[tuple[RunMessage, int]]) -> None:
         """Deliver each ``(message, delay seconds)`` as :meth:`send` would, all in one transaction."""
-        self._put(tier, [(m.model_dump_json(), m.tenant, delay) for m, delay in messages])
+        self._put(tier, [(m.body(), m.tenant, delay) for m, delay in messages])
 
     def send_raw(self, tier: str, body: str, *, tenant: str | None = None, delay: int = 0) -> None:
         """Put a message with any ``body`` on ``tier``'s queue (the bodies no sender of ours writes)."""

@@ -30,6 +30,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench import capacity
+
 PARTITION_WCU = 1000
 PARTITION_RCU = 3000
 TABLE_ONDEMAND_DEFAULT_UNITS = 40_000
@@ -157,6 +159,8 @@ def project(results: dict[str, Any]) -> dict[str, Any]:
         },
         "usd_per_day": round(usd_day),
         "usd_per_month": round(usd_day * 30),
+        # DynamoDB throughput in each capacity mode at this load shape (bench/capacity.py)
+        "capacity": capacity.price_modes(wru, rru),
     }
 
 
@@ -203,4 +207,19 @@ def render(p: dict[str, Any]) -> str:
         f"EventBridge Scheduler {lam['eventbridge_scheduler_invocations_per_s']}/s",
         f"  Cost: ~${p['usd_per_day']:,}/day, ~${p['usd_per_month']:,}/month (AWS services, excluding Fargate workers)",
     ]
+    cap = p.get("capacity")
+    if cap:
+        load = cap["load"]
+        lines.append(
+            f"  DynamoDB throughput by capacity mode (USD/day; a {load['peak_runs_per_s']:,.0f}/s peak "
+            f"{load['peak_seconds_per_hour']:.0f} s an hour, {load['base_runs_per_s']:,.0f}/s otherwise):"
+        )
+        for name, mode in cap["modes"].items():
+            units = f" ({mode['wcu']:,} WCU, {mode['rcu']:,} RCU)" if mode["wcu"] is not None else ""
+            lines.append(f"    {name}: ${mode['usd_per_day']:,}{units}; at the peak: {mode['at_peak']}")
+        steady = cap["steady_load_same_total"]
+        lines.append(
+            f"    a steady load of the same total: on-demand ${steady['on_demand_usd_per_day']:,}, provisioned "
+            f"with auto scaling ${steady['provisioned_autoscaling_usd_per_day']:,}"
+        )
     return "\n".join(lines)

@@ -23,6 +23,16 @@ PRICES: dict[str, tuple[float, str, str]] = {
         "read request unit (on-demand, Standard table class)",
         "https://aws.amazon.com/dynamodb/pricing/on-demand/",
     ),
+    "dynamodb_wcu_hour": (
+        0.00065,
+        "provisioned write capacity unit-hour (Standard table class)",
+        "https://aws.amazon.com/dynamodb/pricing/provisioned/",
+    ),
+    "dynamodb_rcu_hour": (
+        0.00013,
+        "provisioned read capacity unit-hour (Standard table class)",
+        "https://aws.amazon.com/dynamodb/pricing/provisioned/",
+    ),
     "sqs_request": (
         0.40 / 1e6,
         "standard queue request (each 64 KB chunk of payload is one request; after the first 1M/month)",

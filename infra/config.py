@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from duetime.adapters.aws.resources import jobs_table_definition, runs_table_definition
 from duetime.config.settings import CONTAINER_TIERS, Settings
 
 #: Context keys read by :func:`stage_from_context`.
@@ -22,7 +23,21 @@ STAGE_CONTEXT_KEY = "stage"
 STAGES_CONTEXT_KEY = "stages"
 OVERRIDE_PREFIX = "duetime:"
 
+
 #: CloudWatch Logs' retention periods, days -> the name of ``aws_logs.RetentionDays``' member.
+def warm_throughput_keys() -> tuple[str, ...]:
+    """What a stage's ``warm_throughput`` may name: each table, and each index as ``<table>.<index>``."""
+    indexes = [
+        f"{table}.{gsi['IndexName']}"
+        for table, definition in (
+            ("jobs", jobs_table_definition("jobs")),
+            ("runs", runs_table_definition("runs")),
+        )
+        for gsi in definition.get("GlobalSecondaryIndexes", [])
+    ]
+    return ("jobs", "runs", "idempotency", *indexes)
+
+
 LOG_RETENTION_DAYS: dict[int, str] = {
     1: "ONE_DAY",
     3: "THREE_DAYS",
@@ -113,6 +128,17 @@ class AlarmConfig(Frozen):
     function_errors_per_5_minutes: int = Field(default=1, ge=1)
 
 
+class WarmThroughputConfig(Frozen):
+    """A table's or index's warm throughput: the units per second DynamoDB serves at once, without waiting
+    to split partitions (a new on-demand table starts at 12,000 reads and 4,000 writes a second and serves
+    up to double its previous peak; a top-of-the-hour burst above that is throttled while it splits).
+    Values can only rise: lower ones fail the deployment (hence the bounds). Source: DynamoDB Developer
+    Guide, "Understanding DynamoDB warm throughput"."""
+
+    read_units_per_second: int | None = Field(default=None, ge=12_000)
+    write_units_per_second: int | None = Field(default=None, ge=4_000)
+
+
 class StageConfig(Frozen):
     """The settings of one deployment (one CloudFormation stack)."""
 
@@ -141,6 +167,10 @@ class StageConfig(Frozen):
     jwt_audience: tuple[str, ...] = ()
     api_rate_limit: float = Field(default=100.0, gt=0, description="steady requests/s for the whole API")
     api_burst_limit: int = Field(default=200, ge=1)
+    #: warm throughput per table (``jobs``, ``runs``, ``idempotency``) or index (``runs.watchdog``): size it
+    #: to the expected peak (``python -m bench model`` gives the write units per second of each at 12K
+    #: starts/s); empty: DynamoDB's defaults
+    warm_throughput: dict[str, WarmThroughputConfig] = Field(default_factory=dict)
 
     @property
     def log_retention(self) -> str:
@@ -155,6 +185,11 @@ class StageConfig(Frozen):
         unknown = set(self.workers) - set(CONTAINER_TIERS)
         if missing or unknown:
             raise ValueError(f"workers must configure exactly the tiers {list(CONTAINER_TIERS)}")
+        unknown_warm = set(self.warm_throughput) - set(warm_throughput_keys())
+        if unknown_warm:
+            raise ValueError(
+                f"warm_throughput names no table or index {sorted(unknown_warm)}: {warm_throughput_keys()}"
+            )
         if self.authorizer == "jwt" and (not self.jwt_issuer or not self.jwt_audience):
             raise ValueError("authorizer 'jwt' needs jwt_issuer and jwt_audience")
         # the same bounds the handlers enforce at run time: fail at synth, not at the first invocation

@@ -48,10 +48,12 @@ def table_from_definition(
     *,
     config: StageConfig,
     time_to_live_attribute: str | None = None,
+    name: str | None = None,
 ) -> ddb.Table:
     """A DynamoDB table (on-demand, PITR, encrypted) with the keys and GSIs of a ``create_table`` definition.
 
-    ``TableName`` is ignored: CloudFormation names the table so that stages can share an account.
+    ``TableName`` is ignored: CloudFormation names the table so that stages can share an account. ``name``
+    (``jobs``, ``runs``, ``idempotency``) picks the stage's ``warm_throughput`` for the table and its indexes.
     """
     if definition.get("BillingMode") != "PAY_PER_REQUEST":
         raise ValueError(f"{id}: Duetime's tables are on-demand")
@@ -67,6 +69,7 @@ def table_from_definition(
             point_in_time_recovery_enabled=True
         ),
         time_to_live_attribute=time_to_live_attribute,
+        warm_throughput=_warm(config, name),
         deletion_protection=config.retain_data,
         removal_policy=RemovalPolicy.RETAIN if config.retain_data else RemovalPolicy.DESTROY,
     )
@@ -79,8 +82,19 @@ def table_from_definition(
             sort_key=sort_key,
             projection_type=_PROJECTIONS[projection["ProjectionType"]],
             non_key_attributes=projection.get("NonKeyAttributes"),
+            warm_throughput=_warm(config, f"{name}.{gsi['IndexName']}" if name else None),
         )
     return table
+
+
+def _warm(config: StageConfig, key: str | None) -> ddb.WarmThroughput | None:
+    """The stage's warm throughput for table or index ``key`` (None: DynamoDB's default)."""
+    warm = config.warm_throughput.get(key) if key else None
+    if warm is None:
+        return None
+    return ddb.WarmThroughput(
+        read_units_per_second=warm.read_units_per_second, write_units_per_second=warm.write_units_per_second
+    )
 
 
 class Storage(Construct):
@@ -97,13 +111,16 @@ class Storage(Construct):
 
     def __init__(self, scope: Construct, id: str, *, config: StageConfig) -> None:
         super().__init__(scope, id)
-        self.jobs = table_from_definition(self, "Jobs", jobs_table_definition("jobs"), config=config)
+        self.jobs = table_from_definition(
+            self, "Jobs", jobs_table_definition("jobs"), config=config, name="jobs"
+        )
         self.runs = table_from_definition(
             self,
             "Runs",
             runs_table_definition("runs"),
             config=config,
             time_to_live_attribute=RUNS_TTL_ATTRIBUTE,
+            name="runs",
         )
         self.idempotency = table_from_definition(
             self,

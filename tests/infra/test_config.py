@@ -81,3 +81,33 @@ def test_fargate_refuses_sizes_it_cannot_run() -> None:
         WorkerTierConfig(cpu=256, memory_mib=4096, min_tasks=0, max_tasks=1)
     with pytest.raises(ValidationError, match="min_tasks"):
         WorkerTierConfig(cpu=256, memory_mib=512, min_tasks=3, max_tasks=1)
+
+
+def test_the_prod_preset_warms_the_hot_tables_and_indexes_for_the_peak() -> None:
+    presets = json.loads(CDK_JSON.read_text())["context"]["stages"]
+    config = stage_from_context(context(stage="prod", stages=presets))
+    writes = {k: v.write_units_per_second for k, v in config.warm_throughput.items()}
+    assert writes == {
+        "runs": 44_000,
+        "runs.watchdog": 28_000,
+        "jobs": 20_000,
+        "jobs.due": 15_000,
+        "jobs.by_tenant": 10_000,
+    }
+    assert stage_from_context(context(stage="dev", stages=presets)).warm_throughput == {}
+
+
+@pytest.mark.parametrize(
+    ("warm", "message"),
+    [
+        ({"runz": {"write_units_per_second": 5000}}, "names no table or index"),
+        ({"runs.nosuch": {"write_units_per_second": 5000}}, "names no table or index"),
+        ({"runs": {"write_units_per_second": 100}}, "greater than or equal to 4000"),
+        ({"runs": {"read_units_per_second": 100}}, "greater than or equal to 12000"),
+    ],
+)
+def test_a_warm_throughput_for_no_table_or_below_dynamodbs_floor_fails_the_synth(
+    warm: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=message):
+        StageConfig(warm_throughput=warm)

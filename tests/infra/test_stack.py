@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -828,3 +832,37 @@ def test_no_resource_has_a_hard_coded_physical_name(dev: Synthesized) -> None:
         for key, value in (res.get("Properties") or {}).items():
             if NAME_PROPERTIES.match(key):
                 assert not isinstance(value, str), (lid, key, value)
+
+
+def test_the_prod_stage_sets_warm_throughput_on_the_hot_tables_and_indexes(
+    tmp_path_factory: pytest.TempPathFactory, dev: Synthesized
+) -> None:
+    prod = synthesize(tmp_path_factory.mktemp("cdk-prod"), {"stage": "prod"})
+    storage = prod.stack.storage
+    runs = prod.resources[logical_id(prod, storage.runs)]["Properties"]
+    jobs = prod.resources[logical_id(prod, storage.jobs)]["Properties"]
+    assert runs["WarmThroughput"] == {"WriteUnitsPerSecond": 44_000}
+    assert jobs["WarmThroughput"] == {"WriteUnitsPerSecond": 20_000}
+    indexes = {
+        g["IndexName"]: g.get("WarmThroughput")
+        for table in (runs, jobs)
+        for g in table["GlobalSecondaryIndexes"]
+    }
+    assert indexes["watchdog"] == {"WriteUnitsPerSecond": 28_000}
+    assert indexes["due"] == {"WriteUnitsPerSecond": 15_000}
+    assert indexes["by_tenant"] == {"WriteUnitsPerSecond": 10_000}
+    assert indexes["dead_letters"] is None
+    # and dev leaves DynamoDB's defaults
+    assert all("WarmThroughput" not in t for t in tables(dev).values())
+    # and cfn-lint knows the property and finds nothing in the prod template (W3005 as for dev)
+    template = prod.outdir / "template.json"
+    template.write_text(json.dumps(prod.template.to_json()))
+    cfn_lint = shutil.which("cfn-lint", path=str(Path(sys.executable).parent))
+    assert cfn_lint is not None, "cfn-lint comes with the cdk extra"
+    result = subprocess.run(
+        [cfn_lint, "--ignore-checks", "W3005", "--", str(template)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

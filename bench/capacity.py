@@ -13,11 +13,17 @@ capacity automatically with DynamoDB auto scaling", "Service quotas"; prices in 
   (settable ahead of a known peak); it is billed per request.
 - Provisioned capacity is billed per unit-hour, whatever is used. Auto scaling follows the consumed units
   toward a target utilisation (70 % here) and reacts in minutes: it cannot follow a one-minute peak.
-- Burst capacity: up to 300 s of a table's unused provisioned capacity is kept and can be consumed above the
+- Burst capacity: up to 300 s of a table's unused provisioned capacity is kept (a bucket of at most 300 s
+  times the provisioned rate; the 59 minutes between two hourly peaks fill it) and can be consumed above the
   provisioned rate, but DynamoDB "can also consume burst capacity for background maintenance and other
-  tasks without prior notice": a design that needs it to serve its peak can be throttled at the peak.
+  tasks without prior notice", and each partition still serves at most 1,000 write units a second: a
+  design that needs it to serve its peak can be throttled at the peak.
 - Provisioned capacity can be decreased at most 4 times a day plus once in each hour without a decrease
-  (27 a day), so one scale-down after each hourly peak fits.
+  (27 a day), per table and per index: one scale-down after each hourly peak fits, leaving auto scaling
+  about 3 decreases a day of its own. The scheduled window must end by a scheduled action that lowers the
+  maximum too (target tracking alone scales in only after about 15 minutes of low use, and at a 15-minute
+  window scheduled scaling costs as much as on-demand). Provisioning the peak (121K WCU) needs a raise of
+  the account's provisioned-capacity quota (80,000 WCU by default, from AWS's quotas page as remembered).
 """
 
 from __future__ import annotations
@@ -86,12 +92,12 @@ def price_modes(wru_per_run: float, rru_per_run: float) -> dict[str, Any]:
         "at_peak": "served",
         "note": "the peak's capacity all day",
     }
-    # auto scaling on the rest of the day; the peak left to burst capacity: provisioned so that 300 s of
-    # unused capacity covers one peak's excess (an unsound design: burst capacity is not guaranteed)
-    # 300 s of the unused (P - base) must cover one peak's (peak - P): P = (60 peak + 300 base) / 360
-    units_per_run_s = (PEAK_SECONDS * peak + BURST_SECONDS * base) / (PEAK_SECONDS + BURST_SECONDS)
+    # auto scaling on the rest of the day; the peak left to burst capacity. The hour between peaks fills the
+    # bucket to its cap, 300 s x P, which must cover one peak's excess, 60 s x (peak - P): P = 60 peak / 360
+    # (an unsound design: burst capacity is not guaranteed)
+    units_per_run_s = PEAK_SECONDS * peak / (PEAK_SECONDS + BURST_SECONDS)
     autoscaled = base / AUTOSCALING_TARGET
-    covered = min(1.0, BURST_SECONDS * (autoscaled - base) / (PEAK_SECONDS * (peak - autoscaled)))
+    covered = min(1.0, BURST_SECONDS * autoscaled / (PEAK_SECONDS * (peak - autoscaled)))
     modes["provisioned_autoscaling"] = {
         "usd_per_day": round(_provisioned_usd_per_day(autoscaled * wru_per_run, autoscaled * rru_per_run)),
         "wcu": round(autoscaled * wru_per_run),
@@ -106,7 +112,7 @@ def price_modes(wru_per_run: float, rru_per_run: float) -> dict[str, Any]:
         "wcu": round(units_per_run_s * wru_per_run),
         "rcu": round(units_per_run_s * rru_per_run),
         "at_peak": "served only while DynamoDB leaves the burst capacity unused (not guaranteed)",
-        "note": f"provisioned so that {BURST_SECONDS} s of unused capacity covers one peak's excess",
+        "note": f"provisioned so that a full bucket ({BURST_SECONDS} s of capacity) covers one peak's excess",
     }
     # scheduled scaling: the peak's capacity for a window around each top of the hour, auto scaling's the rest
     window = SCHEDULED_PEAK_WINDOW_SECONDS / 3600

@@ -132,6 +132,7 @@ class Storage(Construct):
             },
             config=config,
             time_to_live_attribute=IDEMPOTENCY_TTL_ATTRIBUTE,
+            name="idempotency",
         )
 
         self.access_logs_bucket = s3.Bucket(

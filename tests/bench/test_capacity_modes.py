@@ -22,11 +22,12 @@ def test_each_mode_is_priced_from_the_units_per_run() -> None:
     # the peak's 120,000 WCU and 12,000 RCU all day: 24 h x ($0.00065 x 120,000 + $0.00013 x 12,000)
     assert (modes["provisioned_for_peak"]["wcu"], modes["provisioned_for_peak"]["rcu"]) == (120_000, 12_000)
     assert modes["provisioned_for_peak"]["usd_per_day"] == 1909
-    # auto scaling at 70 % of the rest of the day's 973.6 runs/s: 13,909 WCU; burst covers a fifth of a peak
+    # auto scaling at 70 % of the rest of the day's 973.6 runs/s: 13,909 WCU; a full burst bucket (300 s of
+    # 1,390.9 runs/s) covers 417K of one peak's 60 s x 10,609 = 637K excess runs' units
     assert modes["provisioned_autoscaling"]["wcu"] == 13_909
-    assert "20%" in modes["provisioned_autoscaling"]["at_peak"]
-    # burst-backed: (60 x 12,000 + 300 x 973.63) / 360 = 2,811.4 runs/s of capacity
-    assert modes["provisioned_burst_backed"]["wcu"] == 28_114
+    assert "66%" in modes["provisioned_autoscaling"]["at_peak"]
+    # burst-backed: 300 s x P >= 60 s x (12,000 - P): P = 2,000 runs/s of capacity
+    assert modes["provisioned_burst_backed"]["wcu"] == 20_000
     # scheduled: the peak 5 minutes an hour, auto scaling the other 55
     scheduled = 300 / 3600 * 12_000 + 3300 / 3600 * 973.6 / 0.7
     assert modes["provisioned_scheduled"]["wcu"] == round(scheduled * 10)

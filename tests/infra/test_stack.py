@@ -837,12 +837,21 @@ def test_no_resource_has_a_hard_coded_physical_name(dev: Synthesized) -> None:
 def test_the_prod_stage_sets_warm_throughput_on_the_hot_tables_and_indexes(
     tmp_path_factory: pytest.TempPathFactory, dev: Synthesized
 ) -> None:
-    prod = synthesize(tmp_path_factory.mktemp("cdk-prod"), {"stage": "prod"})
+    # the prod preset, and (a -c override of the whole field) the idempotency table too
+    preset = json.loads((Path(__file__).resolve().parents[2] / "cdk.json").read_text())
+    warm = preset["context"]["stages"]["prod"]["warm_throughput"]
+    idempotency_warm = {"idempotency": {"write_units_per_second": 8000}}
+    prod = synthesize(
+        tmp_path_factory.mktemp("cdk-prod"),
+        {"stage": "prod", "duetime:warm_throughput": {**warm, **idempotency_warm}},
+    )
     storage = prod.stack.storage
     runs = prod.resources[logical_id(prod, storage.runs)]["Properties"]
     jobs = prod.resources[logical_id(prod, storage.jobs)]["Properties"]
     assert runs["WarmThroughput"] == {"WriteUnitsPerSecond": 44_000}
     assert jobs["WarmThroughput"] == {"WriteUnitsPerSecond": 20_000}
+    idempotency = prod.resources[logical_id(prod, storage.idempotency)]["Properties"]
+    assert idempotency["WarmThroughput"] == {"WriteUnitsPerSecond": 8_000}
     indexes = {
         g["IndexName"]: g.get("WarmThroughput")
         for table in (runs, jobs)

@@ -78,8 +78,18 @@ class ConditionFailedError(DuetimeError):
     """A conditional update's condition did not hold (generic form, mapped by callers)."""
 
 
+class _Null:
+    """A value stored as DynamoDB's NULL (a None is left out of a map)."""
+
+
+STORED_NULL = _Null()
+
+
 def _to_attr(value: Any) -> Any:
-    """Python value -> DynamoDB-serialisable value (datetimes as ISO UTC, floats as Decimal)."""
+    """Python value -> DynamoDB-serialisable value (datetimes as ISO UTC, floats as Decimal; None left out of
+    maps, :data:`STORED_NULL` kept as NULL)."""
+    if value is STORED_NULL:
+        return None
     if isinstance(value, datetime):
         return to_iso(value)
     if isinstance(value, bool):
@@ -159,40 +169,57 @@ _OMITTED_WHEN = {
 }
 
 
-#: a stored ``log_key`` that is the attempt's own key (``logs/<job>/<run>/attempt-<n>.log``, derived on read):
-#: "=" in an attempt record (its own attempt), "=<n>" on the run; 3 bytes instead of about 60, which keeps
-#: an ended run's row under 1 KB (one write unit per write instead of two)
-OWN_LOG_KEY = "="
+def _own_log_key(job_id: str, due_at: datetime, attempt: int) -> str:
+    return log_key(job_id, run_id_for(job_id, due_at), attempt)
 
 
-def stored_log_key(
-    job_id: str, due_at: datetime, attempt: int, key: str | None, *, record: bool
-) -> str | None:
-    """The stored form of ``key``, the log key of ``attempt`` of the run ``(job_id, due_at)``."""
-    if key is not None and key == log_key(job_id, run_id_for(job_id, due_at), attempt):
-        return OWN_LOG_KEY if record else f"{OWN_LOG_KEY}{attempt}"
+def stored_log_key(job_id: str, due_at: datetime, attempt: int, key: str | None) -> str | None:
+    """The ``log_key`` to store for ``attempt`` of the run ``(job_id, due_at)``: None (left out) when it is
+    the attempt's own key (``logs/<job>/<run>/attempt-<n>.log``), which readers derive.
+
+    Left out, not abbreviated: every reader, this version's and the earlier ones (``jobs.get_run_log``), takes
+    an attempt without a key to have logged under its own key. It keeps an ended run's row under 1 KB (one
+    write unit per write instead of two)."""
+    if key is not None and key == _own_log_key(job_id, due_at, attempt):
+        return None
     return key
 
 
-def _read_log_key(job_id: str, due_at: Any, value: Any, attempt: Any) -> Any:
-    """The log key a stored ``value`` names (:func:`stored_log_key` read back)."""
-    if not isinstance(value, str) or not value.startswith(OWN_LOG_KEY):
-        return value
-    number = value[len(OWN_LOG_KEY) :] or str(attempt)
-    return log_key(job_id, run_id_for(job_id, from_iso(str(due_at))), int(number))
-
-
 def record_to_attr(job_id: str, due_at: datetime, record: AttemptRecord) -> dict[str, Any]:
-    """An attempt record as stored in a run's ``attempts`` list."""
+    """An attempt record as stored in a run's ``attempts`` list: its own log key left out, no key at all
+    stored as an explicit null (which every reader reads as None)."""
     data = record.model_dump(mode="python", exclude_none=True)
-    if "log_key" in data:
-        data["log_key"] = stored_log_key(job_id, due_at, record.attempt, record.log_key, record=True)
+    if record.log_key is None:
+        data["log_key"] = STORED_NULL
+    elif stored_log_key(job_id, due_at, record.attempt, record.log_key) is None:
+        del data["log_key"]
+    return data
+
+
+def _with_log_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """A stored run's log keys as :func:`stored_log_key` left them out: an attempt record without one
+    logged under its own key (one with a null has none), and the run's ``log_key`` is its last attempt's
+    when that attempt is the run's current one."""
+    job_id, due_at, attempts = data.get("job_id"), data.get("due_at"), data.get("attempts")
+    if not isinstance(attempts, list) or not isinstance(job_id, str) or due_at is None:
+        return data
+    derived = []
+    for record in attempts:
+        if isinstance(record, dict) and "log_key" not in record:
+            number = record.get("attempt")
+            if isinstance(number, int | Decimal):
+                record = {**record, "log_key": _own_log_key(job_id, from_iso(str(due_at)), int(number))}
+        derived.append(record)
+    data["attempts"] = derived
+    last = derived[-1] if derived and isinstance(derived[-1], dict) else {}
+    if "log_key" not in data and last.get("attempt") == data.get("attempt") and last.get("log_key"):
+        data["log_key"] = last["log_key"]
     return data
 
 
 def run_to_item(run: Run, *, retention_days: int) -> dict[str, Any]:
     data = _encode_json_fields(run.model_dump(mode="python"))
-    data["log_key"] = stored_log_key(run.job_id, run.due_at, run.attempt, run.log_key, record=False)
+    data["log_key"] = stored_log_key(run.job_id, run.due_at, run.attempt, run.log_key)
     data["attempts"] = [record_to_attr(run.job_id, run.due_at, r) for r in run.attempts]
     for name, default in _OMITTED_WHEN.items():
         if name in data and data[name] == default:
@@ -215,18 +242,7 @@ _INDEX_ONLY_ATTRIBUTES = frozenset(
 
 def run_from_item(item: Mapping[str, Any]) -> Run:
     data = {k: v for k, v in item.items() if k not in _INDEX_ONLY_ATTRIBUTES}
-    job_id, due_at = data.get("job_id"), data.get("due_at")
-    if "log_key" in data:
-        data["log_key"] = _read_log_key(str(job_id), due_at, data["log_key"], data.get("attempt"))
-    attempts = data.get("attempts")
-    if isinstance(attempts, list):
-        data["attempts"] = [
-            {**r, "log_key": _read_log_key(str(job_id), due_at, r["log_key"], r.get("attempt"))}
-            if isinstance(r, dict) and "log_key" in r
-            else r
-            for r in attempts
-        ]
-    return Run.from_stored(_decode_json_fields(data))
+    return Run.from_stored(_decode_json_fields(_with_log_keys(data)))
 
 
 @dataclass
@@ -1063,7 +1079,7 @@ class DynamoStore:
         upd = Update(conditions={"state": RunState.RUNNING.value, "fencing_token": end.expected_token})
         upd.appends["attempts"] = [record_to_attr(end.job_id, end.due_at, end.record)]
         upd.sets["finished_at"] = end.finished_at
-        key = stored_log_key(end.job_id, end.due_at, end.record.attempt, end.log_key, record=False)
+        key = stored_log_key(end.job_id, end.due_at, end.record.attempt, end.log_key)
         for attr, value in (("exit_code", end.exit_code), ("error", end.error), ("log_key", key)):
             if value is None:
                 upd.removes.append(attr)

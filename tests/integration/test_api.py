@@ -487,6 +487,14 @@ def test_nan_infinity_and_overflowing_numbers_are_refused_not_stored_as_null(
     assert call(api, "GET", "/jobs")[1]["jobs"] == []
 
 
+def test_a_body_naming_a_field_twice_is_refused_not_read_as_its_last(api: ModuleType) -> None:
+    raw = '{"name": "x", "name": "y", "task": {"kind": "container", "command": ["true"]}}'
+    status, body, _ = call(api, "POST", "/jobs", raw_body=raw)
+    assert status == 400 and body["error"]["field"] == "body"
+    assert "'name' appears twice" in body["error"]["message"]
+    assert call(api, "GET", "/jobs")[1]["jobs"] == []
+
+
 def test_a_name_with_an_emoji_sequence_is_accepted(api: ModuleType) -> None:
     family = "backup \U0001f468\u200d\U0001f469\u200d\U0001f467 nightly"  # joined by zero-width joiners
     status, job, _ = call(api, "POST", "/jobs", {**HELLO, "name": family})

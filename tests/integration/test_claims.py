@@ -150,13 +150,54 @@ def test_a_submit_whose_job_id_is_taken_leaves_no_run_that_could_start(deps: Dep
         pass
     else:
         raise AssertionError("a taken job id was accepted")
-    # Then the job is the first one, and the second submit's run is SKIPPED at once (it never runs)
+    # Then the job is the first one, untouched: the refused submit wrote no run under its id
     assert deps.store.get_job("taken") == first
-    runs = {r.due_at: r for r in deps.store.list_runs("taken")}
-    orphan = runs[T0 + timedelta(seconds=1)]
-    assert (orphan.state, orphan.error) == (RunState.SKIPPED, "deleted")
-    assert runs[T0] == original and original.state is RunState.PENDING
-    assert message_for(orphan).job_created_at == T0 + timedelta(seconds=1) != first.created_at
+    assert deps.store.list_runs("taken") == [original]
+    assert original.state is RunState.PENDING
+    assert message_for(original).job_created_at == first.created_at
+
+
+def test_a_refused_submit_of_another_tenants_id_takes_no_slot_of_that_job(deps: Deps, clock) -> None:
+    from duetime.domain.errors import JobExistsError
+
+    # Given alice's every-minute job (its 12:01 slot claimed at its submit), and 50 s later bob submitting a
+    # one-off of the same id due at alice's next slot, 12:02, within the lookahead (the kind of submit that
+    # is stored already claimed)
+    alice = jobs.create_job(
+        CreateJobRequest(
+            job_id="shared-id",
+            name="alice",
+            task=ContainerTask(command=["true"]),
+            schedule=ScheduleSpec(expression="* * * * *", timezone="UTC"),
+        ),
+        tenant="alice",
+        deps=deps,
+    )
+    claimed_at_submit = deps.store.list_runs("shared-id")
+    assert [r.due_at for r in claimed_at_submit] == [T0 + timedelta(minutes=1)]
+    clock.advance(50)
+    slot = T0 + timedelta(minutes=2)
+    try:
+        jobs.create_job(
+            CreateJobRequest(
+                job_id="shared-id",
+                name="bob",
+                task=ContainerTask(command=["false"]),
+                schedule=ScheduleSpec(expression=f"at({slot:%Y-%m-%dT%H:%M:%S})", timezone="UTC"),
+            ),
+            tenant="bob",
+            deps=deps,
+        )
+    except JobExistsError:
+        pass
+    else:
+        raise AssertionError("a taken job id was accepted")
+    # Then no run was written under alice's id, and her 12:02 slot is claimed by her tick, as hers
+    assert deps.store.list_runs("shared-id") == claimed_at_submit
+    claims.tick(alice.shard, deps)
+    run = deps.store.get_run("shared-id", slot)
+    assert run is not None
+    assert (run.tenant, run.state, run.job_created_at) == ("alice", RunState.PENDING, alice.created_at)
 
 
 def test_a_stack_down_for_many_slots_runs_the_latest_once_and_counts_the_missed(deps: Deps, clock) -> None:

@@ -24,6 +24,8 @@ def test_a_strict_json_body_reads_as_python_json_does() -> None:
         ('{"n": 1e400}', "1e400 is too large for a 64-bit float"),
         ('{"n": 1' + "0" * 5000 + "}", "more than 4,300 digits"),
         ("{not json", "Expecting property name"),
+        ('{"name": "x", "name": "y"}', "the name 'name' appears twice in one object"),
+        ('{"task": {"env": {"A": "1", "A": "2"}}}', "the name 'A' appears twice"),
     ],
 )
 def test_what_is_not_strict_json_is_a_decode_error_saying_why(text: str, saying: str) -> None:

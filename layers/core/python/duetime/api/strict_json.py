@@ -2,8 +2,10 @@
 
 Python's ``json.loads`` would take ``NaN``/``Infinity`` and turn ``1e400`` into infinity (both then stored as
 null), raises a plain ValueError for an integer of more than 4,300 digits (``sys.int_max_str_digits``), and
-recurses once per nesting level. :func:`read_json_body` is the resolver's body parser; :func:`unreadable_body`
-refuses, before routing, a body that is not UTF-8 or nests deeper than :data:`MAX_JSON_DEPTH`.
+recurses once per nesting level, and keeps the last of an object's duplicate names (which a reader of the
+same body elsewhere may take differently: I-JSON, RFC 7493 section 2.3, forbids them). :func:`read_json_body`
+is the resolver's body parser; :func:`unreadable_body` refuses, before routing, a body that is not UTF-8 or
+nests deeper than :data:`MAX_JSON_DEPTH`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ MAX_JSON_DEPTH = 32
 
 
 class _NotJsonNumber(ValueError):
-    pass
+    """A body that parses but is not strict JSON."""
 
 
 def _refuse_constant(name: str) -> Any:
@@ -33,10 +35,22 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _unique_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    names: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in names:
+            raise _NotJsonNumber(f"the name {name[:40]!r} appears twice in one object (RFC 7493 section 2.3)")
+        names[name] = value
+    return names
+
+
 def read_json_body(text: str) -> Any:
-    """The resolver's JSON parser: strict JSON, every unreadable body a ``JSONDecodeError`` saying why."""
+    """The resolver's JSON parser: strict JSON, every unreadable body a ``JSONDecodeError`` saying why (a
+    number JSON cannot hold exactly, a name twice in one object)."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        return json.loads(
+            text, parse_constant=_refuse_constant, parse_float=_finite_float, object_pairs_hook=_unique_names
+        )
     except json.JSONDecodeError:
         raise
     except _NotJsonNumber as exc:

@@ -604,14 +604,17 @@ class LocalStack:
             lambda m: (datetime.now(UTC) + timedelta(seconds=int(m.group(1)))).strftime("%Y-%m-%dT%H:%M:%S"),
             path.read_text(),
         )
+        headers = {"Content-Type": "application/json"}
+        if self.options.tenants:
+            # the demo jobs belong to the first tenant by name (the API answers 401 without a token)
+            token, tenant = min(self.options.tenants.items(), key=lambda item: (item[1], item[0]))
+            headers["Authorization"] = f"Bearer {token}"
+            print(f"demo: the demo jobs are tenant {tenant!r}'s", flush=True)
         for body in json.loads(text):
             # a demo job's id is its name: a restart of a durable stack finds it instead of adding another
             body.setdefault("job_id", body.get("name"))
             request = urllib.request.Request(
-                f"{self.api_url}/jobs",
-                data=json.dumps(body).encode(),
-                method="POST",
-                headers={"Content-Type": "application/json"},
+                f"{self.api_url}/jobs", data=json.dumps(body).encode(), method="POST", headers=headers
             )
             try:
                 with urllib.request.urlopen(request, timeout=10) as response:

@@ -270,9 +270,11 @@ def put_claimed(planned: _Planned, deps: Deps) -> tuple[Job, ClaimResult]:
     costs a job update and a due-index entry and removal).
 
     The runs carry the job's ``created_at`` (:attr:`Run.job_created_at`), so runs whose job put failed
-    (its id taken: :class:`JobExistsError`; a crash or fault between the writes) never run: the request
-    failed, nothing was promised, and their start skips them (``deleted``: no job, or a job of the same id
-    created at another time); the ones of a taken id are skipped at once.
+    (a crash or fault between the writes; its id taken by a concurrent submit: :class:`JobExistsError`)
+    never run: the request failed, nothing was promised, and their start skips them (``deleted``: no job,
+    or a job of the same id created at another time); the ones of a taken id are skipped at once. A chosen
+    id already taken is refused before this (``jobs.create_job``), so no run is written under another
+    job's key.
 
     Returns:
         the job as stored and the claim's result (a send that failed is its ``error``: the sweeper re-sends

@@ -18,6 +18,7 @@ from duetime.domain.api_models import CreateJobRequest, SchedulePreviewResponse,
 from duetime.domain.errors import (
     AlreadyClaimedError,
     ConflictError,
+    JobExistsError,
     NotFoundError,
     QuotaExceededError,
     RequestFieldError,
@@ -123,6 +124,10 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
     # a job its first claim completes (run-now; a one-off due within the lookahead) is stored claimed
     claimed = plan_put_claimed(job, deps)
     if claimed is not None:
+        if request.job_id is not None and deps.store.get_job(job_id) is not None:
+            # a chosen id that is taken is refused before any run is written under it: its runs' keys
+            # (job_id, due_at) are the existing job's, and one of them may be a slot it has yet to claim
+            raise JobExistsError(f"job {job_id!r} already exists")
         return put_claimed(claimed, deps)[0]  # completed at once: it never counts as active
     counted = request.schedule is not None  # a run-now job completes at once: it never counts as active
     if counted and not deps.store.add_active_jobs(tenant, 1, limit=deps.settings.tenant_max_active_jobs):

@@ -35,6 +35,29 @@ def test_at_fires_once_at_the_wall_clock_time_in_its_zone() -> None:
     assert schedule.kind == "at"
 
 
+@pytest.mark.parametrize(
+    ("expression", "zone"),
+    [
+        ("at(9999-12-31T23:59:59)", "UTC"),
+        ("at(2200-01-01T00:00:00)", "UTC"),
+        ("at(1969-12-31T23:59:59)", "UTC"),
+    ],
+)
+def test_at_outside_the_years_every_other_instant_is_held_to_is_refused(expression: str, zone: str) -> None:
+    with pytest.raises(ScheduleError) as refused:
+        parse_schedule(expression, zone)
+    assert "between 1970 and 2199 (UTC)" in str(refused.value)
+    # a job stored before the rule still reads
+    assert parse_schedule(expression, zone, stored=True).kind == "at"
+
+
+def test_at_at_the_ends_of_the_supported_years_is_accepted() -> None:
+    assert parse_schedule("at(2199-12-31T23:59:59)").next_after(datetime(2199, 1, 1, tzinfo=UTC)) == datetime(
+        2199, 12, 31, 23, 59, 59, tzinfo=UTC
+    )
+    assert parse_schedule("at(1970-01-01T00:00:00)", "UTC").kind == "at"
+
+
 def test_at_defaults_to_utc() -> None:
     schedule = parse_schedule("at(2026-12-01T10:00:00)")
     assert schedule.timezone == "UTC"

@@ -74,7 +74,7 @@ _RATE_UNITS = {
 }
 
 
-def _parse_at(expression: str, zone: ZoneInfo, zone_name: str) -> _AtRule:
+def _parse_at(expression: str, zone: ZoneInfo, zone_name: str, *, stored: bool = False) -> _AtRule:
     m = _AT_RE.match(expression)
     if m is None:
         raise ScheduleError(
@@ -90,6 +90,13 @@ def _parse_at(expression: str, zone: ZoneInfo, zone_name: str) -> _AtRule:
         fire, _exists = _resolve_local(zone, local)
     except (OverflowError, ValueError) as exc:
         raise ScheduleError(f"`{expression}` is outside the supported range: {exc}") from exc
+    if not stored and not _EB_YEAR_MIN <= fire.year <= _EB_YEAR_MAX:
+        # the years every other instant of a job is held to (EventBridge Scheduler's 1970-2199): a
+        # submit's rule, so a job stored before it still reads
+        raise ScheduleError(
+            f"`{expression}` is outside the supported range: it must lie between {_EB_YEAR_MIN} and"
+            f" {_EB_YEAR_MAX} (UTC)"
+        )
     return _AtRule(fire, local, zone_name)
 
 
@@ -558,7 +565,7 @@ def parse_schedule(
     rule: _Rule
     kind: ScheduleKind
     if lowered.startswith("at(") or lowered.startswith("at "):
-        kind, rule = "at", _parse_at(text, zone, timezone)
+        kind, rule = "at", _parse_at(text, zone, timezone, stored=stored)
     elif lowered.startswith("rate(") or lowered.startswith("rate "):
         kind, rule = (
             "rate",

@@ -90,8 +90,16 @@ def test_a_first_attempt_still_running_shows_its_lag(api: ModuleType, deps, cloc
     runs.start(RunMessage(job_id=job["job_id"], due_at=pending.due_at, attempt=1), deps, owner="w1")
     # When the run is read (attempt 1 has no record in the history yet)
     status, got, _ = call(api, "GET", f"/runs/{pending.run_id}")
-    # Then its lag is that attempt's start minus the due time
-    assert status == 200 and (got["state"], got["attempts"]) == ("RUNNING", [])
+    # Then its lag is that attempt's start minus the due time, and the attempt is shown as it stands
+    assert status == 200 and got["state"] == "RUNNING"
+    [current] = got["attempts"]
+    assert (current["attempt"], current["state"], current["worker"], current["finished_at"]) == (
+        1,
+        "RUNNING",
+        "w1",
+        None,
+    )
+    assert current["started_at"] == got["started_at"] and current["fencing_token"] == got["fencing_token"]
     assert got["lag_seconds"] == 2.5
 
 

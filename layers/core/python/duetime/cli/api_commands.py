@@ -381,7 +381,8 @@ def runs_logs(
     while True:
         run = _call(api, token, sigv4, "GET", f"/runs/{run_id}")
         for record in run["attempts"]:
-            if record["attempt"] not in done:
+            # ended attempts (the one RUNNING is listed too, and followed below)
+            if record["attempt"] not in done and record["state"] != "RUNNING":
                 show(record["attempt"], log_of(record["attempt"]), ended=record["state"])
         if run["state"] == "RUNNING" and run["attempt"] not in done:
             show(run["attempt"], log_of(run["attempt"]), ended=None)

@@ -307,7 +307,10 @@ class RunResponse(BaseModel):
         description="schedule lag, seconds: when the run's first attempt started minus `due_at` (retries do "
         "not change it; null until the run starts)"
     )
-    attempts: list[AttemptRecord]
+    attempts: list[AttemptRecord] = Field(
+        description="every attempt, oldest first: the ended ones as recorded, and the one now RUNNING (its "
+        "state RUNNING, no finished_at) so a run being retried shows the attempt it is on"
+    )
     events: list[RunEvent]
 
     @classmethod
@@ -326,6 +329,16 @@ class RunResponse(BaseModel):
         )
         data["run_id"] = run.run_id
         data["lag_seconds"] = schedule_lag(run)
+        if run.state is RunState.RUNNING and all(a.attempt != run.attempt for a in run.attempts):
+            # the attempt being run has no record until it ends: shown as it stands
+            current = AttemptRecord(
+                attempt=run.attempt,
+                fencing_token=run.fencing_token,
+                worker=run.lease_owner,
+                started_at=run.started_at,
+                state=RunState.RUNNING,
+            )
+            data["attempts"] = [*data["attempts"], current.model_dump()]
         # a stored run (read leniently) is shown as stored: submit-only rules are not applied again
         return cls.model_validate(data, context=STORED_CONTEXT)
 

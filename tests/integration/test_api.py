@@ -507,3 +507,11 @@ def test_a_name_with_an_emoji_sequence_is_accepted(api: ModuleType) -> None:
     family = "backup \U0001f468\u200d\U0001f469\u200d\U0001f467 nightly"  # joined by zero-width joiners
     status, job, _ = call(api, "POST", "/jobs", {**HELLO, "name": family})
     assert status == 201 and job["name"] == family
+
+
+def test_a_bad_environment_variable_name_is_a_400_naming_the_env_field(api: ModuleType) -> None:
+    body = {**HELLO, "task": {"kind": "container", "command": ["true"], "env": {"A=B": "1"}}}
+    status, got, _ = call(api, "POST", "/jobs", body)
+    assert status == 400, got
+    assert got["error"]["field"] == "task.env"
+    assert "A=B" in got["error"]["message"]

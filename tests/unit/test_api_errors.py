@@ -76,6 +76,7 @@ def test_the_error_shape_is_the_same_from_a_route_and_before_routing() -> None:
         (("body", "schedule", "function-after[check(), str]"), "schedule"),
         (("query", "limit"), "limit"),
         (("body",), "body"),
+        (("body", "task", "container", "env", "A=B", "[key]"), "task.env"),
     ],
 )
 def test_an_error_location_names_the_request_field(loc: tuple[object, ...], field: str) -> None:

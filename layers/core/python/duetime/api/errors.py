@@ -54,6 +54,10 @@ def field_of(loc: tuple[Any, ...]) -> str:
     """The dotted request field of a pydantic error location (``("body", "task", "command", 0)`` ->
     ``task.command.0``), without pydantic's union-member and validator names."""
     parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    if len(parts) >= 2 and parts[-1] == "[key]":
+        # a mapping's key that failed (an env variable's name): the field is the mapping, as pydantic
+        # locates it at the key then "[key]" (`task.env.A=B.[key]`)
+        parts = parts[:-2]
     # pydantic adds the union member / validator name for tagged types (a task's kind: `task.lambda.x`);
     # keep field names and indexes
     kept = [
@@ -75,6 +79,9 @@ def validation_error(exc: RequestValidationError) -> Response[str]:
         message = "the request body is not valid JSON" + (f": {why}" if why else "")
         return error_response(400, "invalid_json", message, "body")
     message = f"{field}: {first.get('msg', 'invalid value')}"
+    loc = tuple(first.get("loc", ()))
+    if len(loc) >= 2 and loc[-1] == "[key]":  # a mapping's key: say which one
+        message = f"{field}: the name {str(loc[-2])[:64]!r}: {first.get('msg', 'invalid value')}"
     if kind == "extra_forbidden":
         message = f"{field}: unknown field"
     return error_response(400, "validation_error", message, field)

@@ -91,8 +91,8 @@ def test_a_first_attempt_still_running_shows_its_lag(api: ModuleType, deps, cloc
     # When the run is read (attempt 1 has no record in the history yet)
     status, got, _ = call(api, "GET", f"/runs/{pending.run_id}")
     # Then its lag is that attempt's start minus the due time, and the attempt is shown as it stands
-    assert status == 200 and got["state"] == "RUNNING"
-    [current] = got["attempts"]
+    assert status == 200 and (got["state"], got["attempts"]) == ("RUNNING", [])
+    current = got["current_attempt"]
     assert (current["attempt"], current["state"], current["worker"], current["finished_at"]) == (
         1,
         "RUNNING",
@@ -323,6 +323,7 @@ def test_a_dead_lettered_run_is_listed_and_can_be_retried(api: ModuleType, deps)
         True,
         4,
     )
+    assert run["current_attempt"] is None and [a["state"] for a in run["attempts"]] == ["FAILED"]
     # When it is re-driven it runs again as attempt 2 and leaves the dead letters
     status, again, _ = call(api, "POST", f"/runs/{run['run_id']}/retry")
     assert status == 200 and (again["state"], again["attempt"], again["trigger"]) == ("PENDING", 2, "retry")

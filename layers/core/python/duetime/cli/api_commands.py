@@ -318,11 +318,12 @@ def runs_get(
         return
     _out.print(_run_table([run]))
     table = Table("attempt", "state", "exit", "reason", "worker", "started", "finished")
-    for a in run["attempts"]:
+    current = [run["current_attempt"]] if run.get("current_attempt") else []
+    for a in [*run["attempts"], *current]:
         table.add_row(
             str(a["attempt"]),
             a["state"],
-            str(a.get("exit_code", "-")),
+            str(a["exit_code"]) if a.get("exit_code") is not None else "-",
             a.get("reason") or "-",
             a.get("worker") or "-",
             (a.get("started_at") or "-")[:19],
@@ -381,8 +382,7 @@ def runs_logs(
     while True:
         run = _call(api, token, sigv4, "GET", f"/runs/{run_id}")
         for record in run["attempts"]:
-            # ended attempts (the one RUNNING is listed too, and followed below)
-            if record["attempt"] not in done and record["state"] != "RUNNING":
+            if record["attempt"] not in done:
                 show(record["attempt"], log_of(record["attempt"]), ended=record["state"])
         if run["state"] == "RUNNING" and run["attempt"] not in done:
             show(run["attempt"], log_of(run["attempt"]), ended=None)

@@ -307,9 +307,11 @@ class RunResponse(BaseModel):
         description="schedule lag, seconds: when the run's first attempt started minus `due_at` (retries do "
         "not change it; null until the run starts)"
     )
-    attempts: list[AttemptRecord] = Field(
-        description="every attempt, oldest first: the ended ones as recorded, and the one now RUNNING (its "
-        "state RUNNING, no finished_at) so a run being retried shows the attempt it is on"
+    attempts: list[AttemptRecord] = Field(description="every ended attempt, oldest first, as recorded")
+    current_attempt: AttemptRecord | None = Field(
+        default=None,
+        description="the attempt now RUNNING (its state RUNNING, no finished_at), which joins `attempts` when "
+        "it ends; null when the run is not RUNNING",
     )
     events: list[RunEvent]
 
@@ -330,15 +332,15 @@ class RunResponse(BaseModel):
         data["run_id"] = run.run_id
         data["lag_seconds"] = schedule_lag(run)
         if run.state is RunState.RUNNING and all(a.attempt != run.attempt for a in run.attempts):
-            # the attempt being run has no record until it ends: shown as it stands
-            current = AttemptRecord(
+            # the attempt being run has no record until it ends: shown as it stands, apart from the ended
+            # ones (a reader that takes every entry of `attempts` as ended, an earlier CLI's follow, stays right)
+            data["current_attempt"] = AttemptRecord(
                 attempt=run.attempt,
                 fencing_token=run.fencing_token,
                 worker=run.lease_owner,
                 started_at=run.started_at,
                 state=RunState.RUNNING,
-            )
-            data["attempts"] = [*data["attempts"], current.model_dump()]
+            ).model_dump()
         # a stored run (read leniently) is shown as stored: submit-only rules are not applied again
         return cls.model_validate(data, context=STORED_CONTEXT)
 

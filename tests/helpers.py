@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+import time
+from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from duetime.adapters.aws import clients as aws
 from duetime.local.lambda_runtime import LocalLambdaContext
+
+if TYPE_CHECKING:
+    from duetime.services.worker import Worker
 
 
 def http_event(
@@ -97,3 +104,28 @@ def drain(queue_url: str) -> list[dict[str, Any]]:
         for m in out["Messages"]:
             bodies.append(json.loads(m["Body"]))
             sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 20.0) -> Any:
+    """``probe()``'s first truthy value, looking every 50 ms for up to ``timeout`` seconds (AssertionError
+    naming ``what`` past it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@contextlib.contextmanager
+def running_worker(worker: Worker) -> Iterator[threading.Thread]:
+    """``worker.run_forever()`` in a thread, stopped (and joined) on the way out."""
+    thread = threading.Thread(target=worker.run_forever, kwargs={"wait_seconds": 1}, daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
+        assert not thread.is_alive(), "the worker did not stop"

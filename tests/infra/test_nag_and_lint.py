@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
-
 import pytest
 
-from tests.infra.conftest import CDK_MISSING, NO_BUNDLING, Synthesized
+from tests.infra.conftest import CDK_MISSING, NO_BUNDLING, Synthesized, cfn_lint
 
 pytest.importorskip("aws_cdk", reason=CDK_MISSING)
 
@@ -70,18 +65,8 @@ def test_an_acknowledgement_needs_a_reason() -> None:
 
 
 def test_cfn_lint_finds_no_errors_in_the_template(dev: Synthesized) -> None:
-    template = dev.outdir / "template.json"
-    template.write_text(json.dumps(dev.template.to_json()))
-    cfn_lint = shutil.which("cfn-lint", path=str(__import__("pathlib").Path(sys.executable).parent))
-    if cfn_lint is None:
+    result = cfn_lint(dev)
+    if result is None:
         pytest.skip("cfn-lint is not installed (it comes with the cdk extra)")
-
-    # W3005: CDK writes DependsOn next to a Ref to the same resource; harmless, and not ours to change
-    result = subprocess.run(
-        [cfn_lint, "--ignore-checks", "W3005", "--", str(template)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
 
     assert result.returncode == 0, result.stdout + result.stderr

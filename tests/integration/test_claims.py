@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from duetime.config.deps import Deps
 from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.models import ContainerTask, Job, JobState, RunState, ScheduleSpec
@@ -140,16 +142,12 @@ def test_a_submit_whose_job_id_is_taken_leaves_no_run_that_could_start(deps: Dep
     )
     [original] = deps.store.list_runs("taken")
     clock.advance(1)
-    try:
+    with pytest.raises(JobExistsError):  # a taken job id is refused
         jobs.create_job(
             CreateJobRequest(job_id="taken", name="b", task=ContainerTask(command=["false"])),
             tenant="t1",
             deps=deps,
         )
-    except JobExistsError:
-        pass
-    else:
-        raise AssertionError("a taken job id was accepted")
     # Then the job is the first one, untouched: the refused submit wrote no run under its id
     assert deps.store.get_job("taken") == first
     assert deps.store.list_runs("taken") == [original]
@@ -177,7 +175,7 @@ def test_a_refused_submit_of_another_tenants_id_takes_no_slot_of_that_job(deps: 
     assert [r.due_at for r in claimed_at_submit] == [T0 + timedelta(minutes=1)]
     clock.advance(50)
     slot = T0 + timedelta(minutes=2)
-    try:
+    with pytest.raises(JobExistsError):  # a taken job id is refused
         jobs.create_job(
             CreateJobRequest(
                 job_id="shared-id",
@@ -188,10 +186,6 @@ def test_a_refused_submit_of_another_tenants_id_takes_no_slot_of_that_job(deps: 
             tenant="bob",
             deps=deps,
         )
-    except JobExistsError:
-        pass
-    else:
-        raise AssertionError("a taken job id was accepted")
     # Then no run was written under alice's id, and her 12:02 slot is claimed by her tick, as hers
     assert deps.store.list_runs("shared-id") == claimed_at_submit
     claims.tick(alice.shard, deps)

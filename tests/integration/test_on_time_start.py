@@ -5,13 +5,10 @@ real ``run_forever`` worker."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,6 +20,8 @@ from duetime.domain.lifecycle import build_run, message_for
 from duetime.domain.models import ContainerTask, RetryPolicy, Run, RunState, ScheduleSpec, Trigger
 from duetime.services import jobs
 from duetime.services.worker import Worker
+from tests.helpers import running_worker as _running
+from tests.helpers import wait_for as _wait
 
 #: how late a start may be on this machine and still count as on time, seconds (a poll, a write, a spawn)
 ON_TIME = 0.5
@@ -39,28 +38,6 @@ def deps(tmp_path: Path) -> Deps:
             pending_grace_seconds=60,
         )
     )
-
-
-def _wait(what: str, probe: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@contextlib.contextmanager
-def _running(worker: Worker) -> Iterator[threading.Thread]:
-    thread = threading.Thread(target=worker.run_forever, kwargs={"wait_seconds": 1}, daemon=True)
-    thread.start()
-    try:
-        yield thread
-    finally:
-        worker.stop()
-        thread.join(timeout=20)
-        assert not thread.is_alive(), "the worker did not stop"
 
 
 def _run(deps: Deps, job_id: str) -> Run:

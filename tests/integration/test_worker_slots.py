@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,8 @@ from duetime.local.stack import LocalOptions, LocalStack
 from duetime.services import jobs
 from duetime.services.runs import Finish, start_and_finish
 from duetime.services.worker import DEFAULT_SLOTS, STOP_BUDGET_ENV, Worker, default_slots, task_marker_name
+from tests.helpers import running_worker as _running
+from tests.helpers import wait_for as _wait
 
 #: the stop budget of the SIGTERMed worker process, seconds
 STOP_BUDGET = 3.0
@@ -62,31 +63,8 @@ def _run(deps: Deps, job_id: str) -> Run:
     return run
 
 
-def _wait(what: str, probe: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _all_in(deps: Deps, job_ids: list[str], states: set[RunState]) -> bool:
     return all(_run(deps, j).state in states for j in job_ids)
-
-
-@contextlib.contextmanager
-def _running(worker: Worker) -> Iterator[threading.Thread]:
-    """``worker.run_forever()`` in a thread, stopped (and joined) on the way out."""
-    thread = threading.Thread(target=worker.run_forever, kwargs={"wait_seconds": 1}, daemon=True)
-    thread.start()
-    try:
-        yield thread
-    finally:
-        worker.stop()
-        thread.join(timeout=20)
-        assert not thread.is_alive(), "the worker did not stop"
 
 
 def _spy_receives(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:

@@ -9,8 +9,10 @@ README's Performance section, or remove the extra call. Derived from the code (D
   (+ watchdog GSI), UpdateItem job (advance next_fire_at: the due GSI entry moves or leaves; by_tenant only
   when the state changes), SendMessageBatch (one request per 10 messages);
 - worker: ReceiveMessage, BatchGetItem of the poll's jobs, UpdateItem run (start: the watch time stays, no
-  watchdog write), PutObject log (none for an empty one), UpdateItem run (finish: leaves the watchdog GSI),
-  DeleteMessageBatch;
+  watchdog write), DeleteMessageBatch (at the start: the run row and the worker session hold the run from
+  then on), PutObject log (none for an empty one), UpdateItem run (finish: leaves the watchdog GSI);
+- worker session (per worker, not per run): PutItem at its first start; every heartbeat interval one
+  UpdateItem (1 WRU) and one BatchGetItem of the runs it holds, whatever their number;
 - sweeper with nothing overdue: one empty watchdog Query per shard, nothing per run.
 """
 
@@ -28,9 +30,11 @@ from duetime.adapters.aws import clients as aws
 from duetime.config.deps import Deps
 from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.clock import FixedClock
-from duetime.domain.models import ContainerTask, JobState, RunState, ScheduleSpec
+from duetime.domain.lifecycle import message_for
+from duetime.domain.models import ContainerTask, JobState, Run, RunState, ScheduleSpec
 from duetime.local import callcount
 from duetime.services import claims, jobs
+from duetime.services.runs import start_many
 from duetime.services.sweeper import sweep
 from duetime.services.worker import Worker
 
@@ -83,6 +87,14 @@ def rru(records: list[dict[str, Any]]) -> float:
     return sum(float(r.get("rru") or 0) for r in records)
 
 
+def _worker(deps: Deps, counted: Counted) -> Worker:
+    """A worker whose session is open (its one PutItem, per worker: not a run's cost)."""
+    worker = Worker(deps, "small")
+    worker.session.open()
+    assert ops(counted.take()) == {"dynamodb PutItem test-runs": 1}
+    return worker
+
+
 def _submit(deps: Deps, **kw: Any) -> Any:
     request = CreateJobRequest(name="bench", task=ContainerTask(command=["true"]), **kw)
     return jobs.create_job(request, tenant="t1", deps=deps)
@@ -108,7 +120,7 @@ def test_a_run_now_job_costs_five_calls_to_submit_and_five_to_run(deps: Deps, co
     # When a run-now job is submitted (the API claims it itself) and a worker runs it
     job = _submit(deps)
     submit = counted.take()
-    Worker(deps, "small").poll_once()
+    _worker(deps, counted).poll_once()
     work = counted.take()
 
     # Then the submit is: the tenant's submit-rate counter, the run, the job stored already claimed, the
@@ -171,7 +183,7 @@ def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
     assert wru(ticked) - wru(fixed) == 2 + 3
 
     # And the worker's run is the same six calls as a run-now job's
-    Worker(deps, "small").poll_once()
+    _worker(deps, counted).poll_once()
     work = counted.take()
     assert ops(work) == WORKER_CALLS and wru(work) == WORKER_WRU
 
@@ -181,6 +193,33 @@ def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
     swept = counted.take()
     assert ops(swept) == {"dynamodb Query test-runs": deps.settings.shard_count}
     assert all(r["items"] == 0 for r in swept)
+
+
+def test_a_worker_session_renews_every_run_it_holds_with_one_write_and_one_read(
+    deps: Deps, clock: FixedClock, counted: Counted
+) -> None:
+    # Given a worker session holding three RUNNING runs (long tasks: started, not ended)
+    made = [_submit(deps, job_id=f"long-{i}") for i in range(3)]
+    counted.take()
+    worker = _worker(deps, counted)
+    messages = [message_for(run) for job in made for run in deps.store.list_runs(job.job_id)]
+    started = start_many(messages, deps, owner=worker.owner, session_id=worker.session.session_id)
+    for run in started:
+        assert isinstance(run, Run) and run.session_id == worker.session.session_id
+        worker.session.hold(run)
+    counted.take()
+    # When a heartbeat interval passes and the session renews
+    clock.advance(deps.settings.heartbeat_seconds)
+    worker.session.beat()
+    beat = counted.take()
+    # Then one UpdateItem (1 WRU: the session item is under 1 KB) and one BatchGetItem of its runs, not a
+    # write per run: a 60 s run's row is written exactly as often as a 1 s run's
+    assert ops(beat) == {"dynamodb UpdateItem test-runs": 1, "dynamodb BatchGetItem": 1}
+    assert wru(beat) == 1
+    assert worker.session.renewals == 1
+    assert all(worker.session.lost(run.run_id) is None for run in started if isinstance(run, Run))
+    [session] = deps.store.get_sessions([worker.session.session_id]).values()
+    assert sorted(session.runs) == sorted(run.run_id for run in started if isinstance(run, Run))
 
 
 def test_a_tick_sends_its_claims_messages_ten_to_a_batch_request(

@@ -85,8 +85,10 @@ def start(
     owner: str = "w1",
     lease_expires_at: datetime | None = None,
     running_tenant: str | None = None,
+    session_id: str | None = None,
 ) -> Run:
-    """Start ``run`` at ``attempt`` (default: its own) as a worker does: lease and watch ``LEASE`` s on."""
+    """Start ``run`` at ``attempt`` (default: its own) as a worker does: lease and watch ``LEASE`` s on
+    (under the worker session ``session_id``, given one)."""
     lease = lease_expires_at or now + timedelta(seconds=LEASE)
     return store.start(
         run.job_id,
@@ -98,6 +100,7 @@ def start(
         deadline_at=now + timedelta(seconds=run.timeout_seconds),
         watch_at=lease,
         running_tenant=running_tenant,
+        session_id=session_id,
     )
 
 

@@ -352,17 +352,15 @@ def test_a_sigkilled_workers_attempt_keeps_the_output_it_printed_until_its_last_
     assert FLUSH_SECONDS - 0.5 <= last_printed_at <= FLUSH_SECONDS + 1.5, (killed_at, last_printed_at)
     assert killed_at - last_printed_at <= FLUSH_SECONDS
     assert 100 * (FLUSH_SECONDS - 0.5) <= len(lines) <= 100 * (FLUSH_SECONDS + 1.5)
-    # And once the sweeper fails the lost attempt, attempt 1's log is still that output
-    _wait(
-        "the lease to expire",
-        lambda: (
-            (deps.store.get_run(run.job_id, run.due_at).lease_expires_at or run.due_at).timestamp()  # type: ignore[union-attr]
-            < time.time()
-        ),
-        10,
-    )
-    for shard in range(deps.settings.shard_count):
-        sweep(shard, deps)
-    after = deps.store.get_run(run.job_id, run.due_at)
+
+    # And once the sweeper fails the lost attempt (its worker session's lease ends 3 s after the kill),
+    # attempt 1's log is still that output
+    def swept() -> Run | None:
+        for shard in range(deps.settings.shard_count):
+            sweep(shard, deps)
+        now = deps.store.get_run(run.job_id, run.due_at)
+        return now if now is not None and now.attempts else None
+
+    after = _wait("the sweeper to fail the lost attempt", swept, 10)
     assert after is not None and after.attempts[0].reason == "worker_lost"
     assert jobs.get_run_log(run.run_id, tenant="t1", deps=deps, attempt=1).splitlines() == lines

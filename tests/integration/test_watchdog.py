@@ -17,6 +17,7 @@ from duetime.domain.lifecycle import message_for
 from duetime.domain.models import ContainerTask, Run, RunState
 from duetime.services import jobs, runs
 from duetime.services.deps import Deps
+from duetime.services.sessions import WorkerSession
 from duetime.services.sweeper import sweep
 from tests.conftest import T0
 
@@ -169,3 +170,92 @@ def test_with_a_pending_grace_longer_than_the_lease_a_run_waiting_is_still_looke
     clock.advance(1)
     assert runs.start(message_for(run), deps, owner="w1").state is RunState.RUNNING  # lease to T0 + 61
     assert _first_found(deps, clock, "leases_expired", 400) == 61
+
+
+# ---- runs held by a worker session (services/sessions.py) ------------------------------------------------
+def _in_session(deps: Deps, clock, count: int = 1) -> tuple[WorkerSession, list[Run]]:
+    """``count`` run-now runs started by one worker session and held by it."""
+    session = WorkerSession(deps, "w1", monotonic=lambda: clock.now().timestamp())
+    session_id = session.open()
+    started = []
+    for _ in range(count):
+        run = runs.start(message_for(_submitted(deps)), deps, owner="w1", session_id=session_id)
+        session.hold(run)
+        started.append(run)
+    return session, started
+
+
+def _row_writes(deps: Deps, run: Run) -> Run:
+    now = deps.store.get_run(run.job_id, run.due_at)
+    assert now is not None
+    return now
+
+
+def test_a_long_run_held_by_a_live_session_is_never_written_while_it_runs(deps: Deps, clock) -> None:
+    # Given a run held by a worker session that renews every heartbeat interval (10 s)
+    session, [run] = _in_session(deps, clock)
+    # When 10 minutes pass, the sweeper looking every 10 s
+    for _ in range(60):
+        clock.advance(10)
+        session.beat()
+        for shard in range(deps.settings.shard_count):
+            result = sweep(shard, deps)
+            assert (result.leases_expired, result.rewatched, result.sessions_revoked) == (0, 0, 0)
+    # Then the run's row is as its start wrote it (no heartbeat, no rewatch), still RUNNING under its token
+    assert _row_writes(deps, run) == run
+    assert session.renewals == 60 and session.lost(run.run_id) is None
+
+
+def test_a_dead_workers_session_is_revoked_and_every_run_it_held_fails_within_the_lease_and_a_sweep(
+    deps: Deps, clock
+) -> None:
+    # Given a worker session holding two runs, renewed at T0 + 10 s, then the worker dies
+    session, held = _in_session(deps, clock, count=2)
+    clock.advance(10)
+    session.beat()
+    # Then nothing happens before the session's lease (30 s from the renewal) ends...
+    clock.advance(29.999)
+    assert sum(sweep(s, deps).leases_expired for s in range(deps.settings.shard_count)) == 0
+    # ...and at its end the session is revoked once and both runs fail (worker_lost), tokens raised
+    clock.advance(0.001)
+    results = [sweep(s, deps) for s in range(deps.settings.shard_count)]
+    assert sum(r.leases_expired for r in results) == 2
+    assert sum(r.sessions_revoked for r in results) == 1
+    for run in held:
+        now = _row_writes(deps, run)
+        assert now.state is RunState.RETRY_WAIT or now.state.terminal
+        assert now.fencing_token == run.fencing_token + 1 and now.session_id is None
+        assert now.attempts[0].reason == "worker_lost"
+        assert now.error == "worker lost: its session was not renewed"
+    # And the worker, were it only paused, has its renewal refused and every run marked lost
+    session.beat()
+    assert all(session.lost(run.run_id) is not None for run in held)
+    assert session.session_id is None
+
+
+def test_a_run_its_live_session_no_longer_lists_fails_alone(deps: Deps, clock) -> None:
+    # Given a session holding two runs, one of which its worker lost track of (say, a start whose outcome
+    # it never learned): its renewals list only the other
+    session, [kept, forgotten] = _in_session(deps, clock, count=2)
+    session.release(forgotten.run_id)
+    # When the forgotten run's own lease (30 s from its start) has passed, the session renewing all along
+    for _ in range(4):
+        clock.advance(10)
+        session.beat()
+    results = [sweep(s, deps) for s in range(deps.settings.shard_count)]
+    # Then only the forgotten run fails; the session is not revoked and still holds the other
+    assert (sum(r.leases_expired for r in results), sum(r.sessions_revoked for r in results)) == (1, 0)
+    assert _row_writes(deps, forgotten).attempts[0].reason == "worker_lost"
+    assert _row_writes(deps, kept) == kept
+    session.beat()
+    assert session.lost(kept.run_id) is None
+
+
+def test_a_cancelled_run_is_marked_lost_at_its_sessions_next_beat(deps: Deps, clock) -> None:
+    session, [run] = _in_session(deps, clock)
+    runs.cancel(run.job_id, run.due_at, deps, reason="cancelled by the user")
+    assert session.lost(run.run_id) is None  # known at the next beat, not before
+    clock.advance(10)
+    session.beat()
+    lost = session.lost(run.run_id)
+    assert lost is not None and lost.cancelled is not None

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import inspect
+import itertools
 import json
 import logging
 import os
@@ -67,6 +68,7 @@ from duetime.adapters.aws.dynamodb import DynamoStore, deserialize, job_from_ite
 from duetime.adapters.aws.resources import (
     QUEUE_MAX_RECEIVE_COUNT,
     QUEUE_VISIBILITY_SECONDS,
+    SESSION_PREFIX,
     WATCH_INDEX_PK,
     WATCH_INDEX_SK,
     jobs_table_definition,
@@ -80,7 +82,6 @@ from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.clock import FixedClock
 from duetime.domain.errors import (
     ConflictError,
-    LeaseLostError,
     NotFoundError,
     RequestFieldError,
     ScheduleError,
@@ -102,7 +103,7 @@ from duetime.domain.models import (
 from duetime.domain.ports import ReceivedMessage, Store
 from duetime.domain.timeutil import from_iso, to_epoch_ms, to_iso, truncate_ms
 from duetime.services import claims, jobs, sweeper
-from duetime.services.runs import heartbeat
+from duetime.services.sessions import WorkerSession
 from duetime.services.worker import TaskOutcome, Worker
 
 #: simulated start instant (any fixed instant will do: every seed gets fresh tables)
@@ -327,11 +328,18 @@ class SimWorker(Worker):
     def __init__(self, sim: Simulation, tier: str, owner: str) -> None:
         super().__init__(sim.deps, tier, owner=owner)
         self.sim = sim
+        # the session's own view of its lease's end runs on the simulated clock (a pause is simulated time)
+        self.session = WorkerSession(
+            sim.deps,
+            owner,
+            monotonic=lambda: sim.clock.now().timestamp(),
+            new_id=lambda: f"s{next(sim.session_ids)}-{owner}",  # unique in the world, and reproducible
+        )
 
     def _run_task(self, run: Run, token: int, out: IO[bytes], received: ReceivedMessage) -> TaskOutcome:
         sim = self.sim
         op = sim._my_op()  # noqa: SLF001
-        if op is not None:  # every heartbeat and finish from now on must be under this token
+        if op is not None:  # every finish from now on must be under this token
             op.lease = ((run.job_id, to_iso(run.due_at)), token)
         sim.effect(run, token, self.owner)
         plan = sim.plans[run.job_id]
@@ -340,31 +348,26 @@ class SimWorker(Worker):
         deadline = started + timedelta(seconds=run.timeout_seconds)
         ends = started + timedelta(seconds=plan.duration)
         exit_code = 1 if run.attempt <= plan.fail_attempts else 0
-        next_beat = started + timedelta(seconds=settings.heartbeat_seconds)
+        session = self.session
         while True:
             now = sim.clock.now()
             if now >= ends:
                 return TaskOutcome(exit_code=exit_code, timed_out=False, lease_lost=False)
             if now >= deadline:
                 return TaskOutcome(exit_code=-15, timed_out=True, lease_lost=False)
-            if now >= next_beat:
-                next_beat = now + timedelta(seconds=settings.heartbeat_seconds)
-                try:
-                    heartbeat(run, self.deps, fencing_token=token)
-                except LeaseLostError:
-                    now_state = sim.rows.get((run.job_id, to_iso(run.due_at)), {})
-                    sim.note(
-                        f"lease lost: task of {run.run_id} token {token} killed "
-                        f"(run is {now_state.get('state')} under token {now_state.get('fencing_token')})"
-                    )
-                    sim.stats["tasks_killed_on_lease_loss"] += 1
-                    return TaskOutcome(exit_code=-15, timed_out=False, lease_lost=True)
-                except sim.backend.injected:
-                    pass  # a missed heartbeat is retried at the next beat (as Worker does)
-                self.deps.queues.extend_visibility(
-                    self.tier, received.receipt_handle, QUEUE_VISIBILITY_SECONDS
+            if session.due():
+                session.beat()  # a fault of the renewal is retried soon (as Worker does)
+            lost = session.lost(run.run_id)
+            if lost is not None:
+                now_state = sim.rows.get((run.job_id, to_iso(run.due_at)), {})
+                sim.note(
+                    f"lease lost ({lost.why}): task of {run.run_id} token {token} killed "
+                    f"(run is {now_state.get('state')} under token {now_state.get('fencing_token')})"
                 )
-            wake = min(ends, deadline, next_beat)
+                sim.stats["tasks_killed_on_lease_loss"] += 1
+                return TaskOutcome(exit_code=-15, timed_out=False, lease_lost=True)
+            next_beat = datetime.fromtimestamp(session.next_beat, UTC)
+            wake = min(ends, deadline, max(next_beat, now + timedelta(milliseconds=1)))
             if sim.faults_on and sim.rng.random() < sim.rates.pause:
                 pause = settings.lease_seconds * sim.rng.uniform(1.5, 4.0)
                 sim.fault("worker_pause", f"{self.owner} {pause:.1f}s holding {run.run_id} token {token}")
@@ -605,7 +608,8 @@ class AwsBackend:
 
     # ---- reads of the stored state (never interleaved, never faulted) ---------------------------------
     def run_images(self) -> list[dict[str, Any]]:
-        return [deserialize(i) for i in _SIDE.scan(TableName=self.runs_table, ConsistentRead=True)["Items"]]
+        items = [deserialize(i) for i in _SIDE.scan(TableName=self.runs_table, ConsistentRead=True)["Items"]]
+        return [i for i in items if not str(i["job_id"]).startswith(SESSION_PREFIX)]  # (not worker sessions)
 
     def stored_jobs(self) -> dict[str, Job]:
         items = [deserialize(i) for i in _SIDE.scan(TableName=self.jobs_table, ConsistentRead=True)["Items"]]
@@ -622,6 +626,9 @@ class AwsBackend:
     def observe_write(self, operation: str, params: dict[str, Any], parsed: dict[str, Any]) -> None:
         if params.get("TableName") != self.runs_table:
             return
+        key = deserialize(params.get("Key") or params.get("Item") or {})
+        if str(key.get("job_id", "")).startswith(SESSION_PREFIX):
+            return  # a worker session's item, not a run's
         sim = self.sim
         if operation == "PutItem":
             sim.observe_run("insert", None, deserialize(params["Item"]), _no_conditions)
@@ -992,6 +999,8 @@ class Simulation:
         self.faults_on = True
         self.faults: Counter[str] = Counter()
         self.stats: Counter[str] = Counter()
+        #: worker session ids, numbered in the order the workers open them (reproducible)
+        self.session_ids = itertools.count(1)
         self.violations: list[str] = []
         self.trace_lines: list[tuple[float, str, str]] = []
         self.ops: list[Op] = []

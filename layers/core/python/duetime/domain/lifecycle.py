@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from duetime.domain.models import AttemptRecord, Job, Run, RunMessage, RunState, Trigger
+from duetime.domain.models import AttemptRecord, Job, Run, RunMessage, RunState, Session, Trigger
 from duetime.domain.retries import backoff_delay
 from duetime.domain.timeutil import truncate_ms
 
@@ -30,6 +30,19 @@ MAX_MESSAGE_DELAY_SECONDS = 900
 #: a consumer holds a delivery that came at most this early (seconds before its attempt may start) until
 #: then; one earlier (a clock far off) goes back to the queue until then
 MAX_HOLD_SECONDS = 5.0
+
+
+def lease_held(run: Run, session: Session | None, now: datetime) -> bool:
+    """Whether a RUNNING ``run``'s lease still holds at ``now`` (UTC): its own ``lease_expires_at`` (set at
+    the start) has not passed, or its worker session (``session``, the one ``run.session_id`` names; None:
+    not found) is alive and listed the run at its last renewal. A run without a session has only its own
+    lease (a Lambda task's, sized to the function's timeout). The rule of the sweeper's lease expiry
+    (DESIGN.md section 5: a worker lost is found within the session lease plus one sweep)."""
+    if run.lease_expires_at is not None and run.lease_expires_at > now:
+        return True
+    if run.session_id is None or session is None:
+        return False
+    return session.session_id == run.session_id and session.alive(now) and run.run_id in session.runs
 
 
 def delay_seconds(ready_at: datetime, now: datetime) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from functools import cache
@@ -724,6 +725,9 @@ class Run(StoredModel):
     start_deadline_at: Instant | None = None
     lease_owner: str | None = None
     lease_expires_at: Instant | None = None
+    #: RUNNING on a container worker: the worker session whose renewals keep the lease (:class:`Session`);
+    #: None for a run whose own ``lease_expires_at`` is its whole lease (a Lambda task's)
+    session_id: str | None = None
     started_at: Instant | None = None
     finished_at: Instant | None = None
     exit_code: int | None = None
@@ -775,6 +779,39 @@ def parse_run_id(run_id: str) -> tuple[str, datetime]:
         return job_id, from_epoch_ms(int(ms))
     except (OverflowError, OSError, ValueError):
         raise ValueError(f"malformed run id {run_id!r}: due time out of range") from None
+
+
+#: how long a worker session's row outlives its end, seconds (a worker resumed within it finds it revoked;
+#: one resumed later is still fenced from its runs by their tokens)
+SESSION_RETAIN_SECONDS = 86_400
+
+
+@dataclass(frozen=True)
+class Session:
+    """A worker session (DESIGN.md section 5): the lease on every run its worker process holds.
+
+    The worker opens it at its start and renews it every ``heartbeat_seconds`` with the ids of the runs it
+    holds (``runs``), whatever their number: one write per worker per interval instead of one per run. A
+    RUNNING run started under it (``Run.session_id``) is held while :func:`session_holds` says so; once the
+    sweeper finds it expired it revokes it (``revoked_at``), and the worker's next renewal is refused.
+
+    Attributes:
+        session_id: a random id (``uuid4().hex``), new at each worker start and after a refused renewal.
+        owner: the worker's id (the runs' ``lease_owner``).
+        expires_at: UTC; the last renewal's time + ``lease_seconds``.
+        runs: the run ids (``<job_id>.<due epoch ms>``) the worker held at its last renewal.
+        revoked_at: UTC, set once by the sweeper that found the session expired; never cleared.
+    """
+
+    session_id: str
+    owner: str
+    expires_at: datetime
+    runs: tuple[str, ...] = ()
+    revoked_at: datetime | None = None
+
+    def alive(self, now: datetime) -> bool:
+        """Whether it may still be renewed and holds its runs: not revoked and not expired at ``now``."""
+        return self.revoked_at is None and self.expires_at > now
 
 
 class RunMessage(BaseModel):

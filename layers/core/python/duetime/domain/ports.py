@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from duetime.domain.lifecycle import AttemptEnd
-from duetime.domain.models import AttemptRecord, Job, Run, RunMessage
+from duetime.domain.models import AttemptRecord, Job, Run, RunMessage, Session
 
 if TYPE_CHECKING:  # a type only: importing Powertools' idempotency loads boto3 (~30 MB a process)
     from aws_lambda_powertools.utilities.idempotency import BasePersistenceLayer
@@ -68,6 +68,8 @@ class RunStart:
     deadline_at: datetime | None = None
     watch_at: datetime | None = None
     running_tenant: str | None = None
+    #: the worker session whose renewals keep the lease (a container worker's); None: the run's own lease
+    session_id: str | None = None
 
 
 class JobStore(Protocol):
@@ -137,6 +139,10 @@ class RunStore(Protocol):
     # ---- reads ---------------------------------------------------------------------------------------
     def get_run(self, job_id: str, due_at: datetime) -> Run | None:
         """The run, or None; strongly consistent."""
+
+    def get_runs(self, keys: Sequence[tuple[str, datetime]]) -> dict[tuple[str, datetime], Run]:
+        """The runs of ``keys`` (``(job_id, due_at)``) that exist, keyed as asked; strongly consistent (a
+        worker session's look at the runs it holds: one BatchGetItem per 100 keys on DynamoDB)."""
 
     def list_runs(self, job_id: str, *, limit: int = 20) -> list[Run]:
         """The job's most recent ``limit`` runs, newest due time first."""
@@ -299,8 +305,31 @@ class RunStore(Protocol):
         """Append ``event`` (``at``, ``kind``, ``detail``) to the run's history (no-op for an absent run)."""
 
 
-class Store(JobStore, RunStore, Protocol):
-    """Jobs and runs in one store (the claim writes both)."""
+class SessionStore(Protocol):
+    """Worker sessions (:class:`~duetime.domain.models.Session`, DESIGN.md section 5): one row per worker
+    process, renewed every ``heartbeat_seconds``; every write is conditional. (On DynamoDB they are items of
+    the runs table under reserved keys no job id can take.)"""
+
+    def open_session(self, session: Session) -> None:
+        """Store a new session. Raises ConflictError if its id is taken (ids are random: a repeat)."""
+
+    def renew_session(
+        self, session_id: str, *, runs: Sequence[str], expires_at: datetime, now: datetime
+    ) -> Session | None:
+        """Set the session's ``runs`` and ``expires_at`` while it is alive at ``now`` (not revoked, not
+        expired); the session as now stored, or None: it is gone, revoked or expired (the worker is fenced
+        from every run it held and must stop their tasks)."""
+
+    def get_sessions(self, session_ids: Sequence[str]) -> dict[str, Session]:
+        """The sessions of ``session_ids`` that exist; strongly consistent."""
+
+    def revoke_session(self, session_id: str, *, now: datetime) -> bool:
+        """Mark the session revoked at ``now`` if it expired by then (or was revoked before): True if it is
+        revoked now (or no longer exists), False if it is alive (renewed meanwhile: nothing written)."""
+
+
+class Store(JobStore, RunStore, SessionStore, Protocol):
+    """Jobs, runs and worker sessions in one store (the claim writes jobs and runs)."""
 
 
 #: a tier queue's visibility timeout, seconds: a delivery stays hidden this long after a receive (a worker

@@ -286,7 +286,12 @@ def put_claimed(planned: _Planned, deps: Deps) -> tuple[Job, ClaimResult]:
     """
     job, runs = planned.job, planned.runs
     now = deps.clock.now()
-    planned.inserted = [bool(new) for new in deps.store.put_new_runs(runs)]
+    try:
+        planned.inserted = [bool(new) for new in deps.store.put_new_runs(runs)]
+    except PartialBatchError as exc:
+        # the request failed with the fault of a write (throttled: a 503 with Retry-After), not an
+        # unknown error: a run that was written has no job, so its start skips it
+        raise exc.error from exc
     stored = job.model_copy(
         update={
             "next_fire_at": None,
@@ -307,7 +312,7 @@ def put_claimed(planned: _Planned, deps: Deps) -> tuple[Job, ClaimResult]:
     _send([planned], deps)
     return stored, ClaimResult(
         runs=runs,
-        created=sum(planned.inserted),
+        created=sum(bool(new) for new in planned.inserted),
         advanced=True,
         next_fire_at=None,
         missed=planned.missed,

@@ -204,7 +204,7 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
     # attempts whose final log is a byte range of a log pack (read by range only: the pack holds others')
     # (6ea295a's workers recorded the pack as the attempt's log_key)
     ranges = {
-        a.attempt: (a.log_pack or a.log_key, a.log_offset, a.log_bytes)
+        a.attempt: (a.log_pack or a.log_key or "", a.log_offset, a.log_bytes)
         for a in run.attempts
         if a.log_offset is not None
         and a.log_bytes is not None

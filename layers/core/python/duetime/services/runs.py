@@ -58,7 +58,14 @@ class NotStartedError(StartRejectedError):
     """The run was deliberately not started: SKIPPED (overlap, starting deadline) or left waiting."""
 
 
-def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float | None = None) -> Run:
+def start(
+    message: RunMessage,
+    deps: Deps,
+    *,
+    owner: str,
+    lease_seconds: float | None = None,
+    session_id: str | None = None,
+) -> Run:
     """Take the lease of the run ``message`` points at: PENDING -> RUNNING, new fencing token.
 
     For a job with an overlap policy (``message.overlap``), the job's earlier active runs are looked up
@@ -69,8 +76,9 @@ def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float |
     Args:
         message: the queue message (job id, due time, attempt).
         owner: the worker's id, recorded as ``lease_owner``.
-        lease_seconds: the lease's length (default ``settings.lease_seconds``, renewed by heartbeats); the
-            dispatcher sizes a Lambda run's lease to the function's timeout, as nothing heartbeats for it.
+        lease_seconds: the run's own lease from the start (default ``settings.lease_seconds``); the
+            dispatcher sizes a Lambda run's lease to the function's timeout, as nothing renews it.
+        session_id: the worker session whose renewals hold the lease past that (a container worker's).
 
     Returns:
         The run as now stored (RUNNING, ``fencing_token`` is the caller's token).
@@ -79,14 +87,19 @@ def start(message: RunMessage, deps: Deps, *, owner: str, lease_seconds: float |
         StartRejectedError: the run is not PENDING at that attempt (a duplicate, stale or early message), or
             (``NotStartedError``) the policy kept it from starting. Either way: drop the message.
     """
-    [started] = start_many([message], deps, owner=owner, lease_seconds=lease_seconds)
+    [started] = start_many([message], deps, owner=owner, lease_seconds=lease_seconds, session_id=session_id)
     if isinstance(started, Exception):
         raise started
     return started
 
 
 def start_many(
-    messages: Sequence[RunMessage], deps: Deps, *, owner: str, lease_seconds: float | None = None
+    messages: Sequence[RunMessage],
+    deps: Deps,
+    *,
+    owner: str,
+    lease_seconds: float | None = None,
+    session_id: str | None = None,
 ) -> list[Run | Exception]:
     """:func:`start` of each of ``messages`` (a worker's poll), with one read of their jobs and one
     conditional write of each (one transaction on the embedded store: :meth:`RunStore.start_many`).
@@ -96,7 +109,9 @@ def start_many(
         error its own ``start`` would raise (StartRejectedError / NotStartedError: drop the message), or a
         fault of the store or the queue (the message comes back after its visibility timeout).
     """
-    return start_and_finish(messages, (), deps, owner=owner, lease_seconds=lease_seconds)[0]
+    return start_and_finish(
+        messages, (), deps, owner=owner, lease_seconds=lease_seconds, session_id=session_id
+    )[0]
 
 
 def start_and_finish(
@@ -106,17 +121,22 @@ def start_and_finish(
     *,
     owner: str,
     lease_seconds: float | None = None,
+    session_id: str | None = None,
 ) -> tuple[list[Run | Exception], list[Run | Exception]]:
     """A worker session's writes of one moment: :func:`start_many` of ``messages`` and
     :func:`finish_many` of ``finishes``, their conditional writes applied together (one transaction, one
-    commit on the embedded store: :meth:`RunStore.start_and_end`; on DynamoDB one request each).
+    commit on the embedded store: :meth:`RunStore.start_and_end`; on DynamoDB one request each). The
+    starts record ``session_id``, the worker session whose renewals then hold their leases (None: each
+    run's own lease of ``lease_seconds`` is all it has).
 
     Returns:
         (the starts' outcomes, the finishes' outcomes), each as :func:`start_many` and :func:`finish_many`
         give them.
     """
     now = deps.clock.now()
-    started, planned_starts = _plan_starts(messages, deps, now, owner=owner, lease_seconds=lease_seconds)
+    started, planned_starts = _plan_starts(
+        messages, deps, now, owner=owner, lease_seconds=lease_seconds, session_id=session_id
+    )
     ended, planned_ends = _plan_ends(finishes, deps, now)
     starts = [item for _, item in planned_starts]
     ends = [end for _, end in planned_ends]
@@ -140,7 +160,13 @@ def _filled(results: list[Run | Exception | None]) -> list[Run | Exception]:
 
 
 def _plan_starts(
-    messages: Sequence[RunMessage], deps: Deps, now: datetime, *, owner: str, lease_seconds: float | None
+    messages: Sequence[RunMessage],
+    deps: Deps,
+    now: datetime,
+    *,
+    owner: str,
+    lease_seconds: float | None,
+    session_id: str | None = None,
 ) -> tuple[list[Run | Exception | None], list[tuple[int, RunStart]]]:
     """The checks before the starts' writes (admission against the jobs, read at once; overlap; the
     tenant's RUNNING quota): the outcomes decided already (None: to be written) and the writes planned."""
@@ -207,6 +233,7 @@ def _plan_starts(
                     deadline_at=deadline_at,
                     watch_at=watch_at,
                     running_tenant=message.tenant if limit is not None else None,
+                    session_id=session_id,
                 ),
             )
         )
@@ -844,7 +871,11 @@ def expire_lease(run: Run, deps: Deps) -> Run:
         fencing_token=run.fencing_token,
         watch_after_seconds=deps.settings.first_watch_seconds,
         worker=run.lease_owner,
-        error="worker lost: lease expired without a heartbeat",
+        error=(
+            "worker lost: its session was not renewed"
+            if run.session_id is not None
+            else "worker lost: lease expired without a heartbeat"
+        ),
         # the worker streamed the attempt's output in chunks while it ran: what it sent before dying stays
         log_key=log_key(run.job_id, run.run_id, run.attempt),
         reason="worker_lost",

@@ -8,11 +8,18 @@ action is a conditional update, so running it twice at once is safe:
   unless attempt 1 is past its starting deadline: then it is SKIPPED. A run is first looked at sooner
   (:attr:`~duetime.config.settings.Settings.first_watch_seconds`): still PENDING then, it is watched again
   at the end of its grace.
-- RUNNING whose lease and deadline are still ahead (its watch time is a lower bound: starts and heartbeats
-  leave it): watched again at the sooner of the two.
 - RUNNING past its deadline (plus the worker's kill grace and one heartbeat): the worker is stuck or cut
   off; the timeout-handler state machine fences the attempt and applies ``on_timeout`` (:mod:`timeouts`).
-- RUNNING with an expired lease: the attempt failed with reason ``worker_lost``; retry rules apply.
+- RUNNING on a container worker (``session_id`` set): its lease is its worker session's
+  (:func:`~duetime.domain.lifecycle.lease_held`; the sessions of a page of runs read in one batch). While it
+  holds, nothing is written: the run stays overdue and is looked at again at the next sweep, so a long run
+  costs a read per sweep, not a write per lease period. Once it does not (the worker died, was stopped past
+  its session lease, or no longer lists the run), an expired session is first revoked (its worker's next
+  renewal is refused and it kills its tasks), then the attempt fails with reason ``worker_lost``.
+- RUNNING without a session (a Lambda task's, its lease sized to the function's timeout) with an expired
+  lease: the attempt failed with reason ``worker_lost``; retry rules apply. Its lease still ahead (its
+  watch time is a lower bound: a start leaves it): watched again at the sooner of the lease's end and the
+  deadline.
 - RETRY_WAIT whose wake-up did not start it: back to PENDING with attempt + 1, and a message is sent. (A
   failed attempt sends its retry's message itself, delayed by the backoff; the sweeper is the backstop one
   grace period later, and the only path for backoffs beyond SQS's 900 s delay limit.)
@@ -20,13 +27,14 @@ action is a conditional update, so running it twice at once is safe:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from duetime.config.observability import logger
 from duetime.domain.errors import LeaseLostError
-from duetime.domain.lifecycle import delay_seconds, message_for
-from duetime.domain.models import JobState, Run, RunState
+from duetime.domain.lifecycle import delay_seconds, lease_held, message_for
+from duetime.domain.models import JobState, Run, RunState, Session
 from duetime.services.deps import Deps
 from duetime.services.runs import (
     HOLD_RECHECK_SECONDS,
@@ -52,59 +60,133 @@ class SweepResult:
     held_rechecked: int = 0
     #: RUNNING runs whose lease and deadline were still ahead: watched again at the sooner of the two
     rewatched: int = 0
+    #: RUNNING runs held by their worker session: nothing written, looked at again at the next sweep
+    held_by_session: int = 0
+    #: expired worker sessions revoked (their runs then expired)
+    sessions_revoked: int = 0
     skipped: int = 0
+
+
+#: overdue runs handled per batch (their sessions read together)
+SWEEP_BATCH = 100
+
+
+def _batches(runs: Iterable[Run]) -> Iterator[list[Run]]:
+    batch: list[Run] = []
+    for run in runs:
+        batch.append(run)
+        if len(batch) == SWEEP_BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _sessions_of(runs: list[Run], now: datetime, deps: Deps) -> dict[str, Session]:
+    """The worker sessions of those ``runs`` whose own lease passed (one batch read)."""
+    ids = [
+        run.session_id
+        for run in runs
+        if run.state is RunState.RUNNING
+        and run.session_id is not None
+        and (run.lease_expires_at is None or run.lease_expires_at <= now)
+    ]
+    return deps.store.get_sessions(ids) if ids else {}
 
 
 def sweep(shard: int, deps: Deps) -> SweepResult:
     """Sweep one shard's overdue runs. Safe to run concurrently with itself, ticks and workers."""
     now = deps.clock.now()
     result = SweepResult(shard=shard)
-    for run in deps.store.query_overdue(shard, now):
-        try:
-            if run.state is RunState.PENDING and run.held is not None:
-                if _recheck_held(run, deps):
-                    result.held_rechecked += 1
-                else:
-                    result.skipped += 1
-            elif run.state is RunState.PENDING:
-                if run.attempt == 1 and run.start_deadline_at is not None and now > run.start_deadline_at:
-                    skip(run, deps, reason="starting_deadline_exceeded")
-                    result.deadline_skipped += 1
-                elif now < (resend_at := _resend_at(run, deps)):
-                    # its first look came before its pending grace ended: not lost yet, look again then
-                    step = now + timedelta(seconds=deps.settings.first_watch_seconds)
-                    if _defer(run, min(resend_at, step), deps):
-                        result.rewatched += 1
-                    else:
-                        result.skipped += 1
-                elif _resend(run, deps):
-                    result.resent += 1
-                else:
-                    result.skipped += 1
-            elif run.state is RunState.RUNNING:
-                if run.deadline_at is not None and now >= handler_due_at(
-                    run.deadline_at, run.on_timeout.kill_grace_seconds, deps
-                ):
-                    start_handler(run, deps)
-                    result.timeouts_handled += 1
-                elif run.lease_expires_at is not None and run.lease_expires_at <= now:
-                    expire_lease(run, deps)
-                    result.leases_expired += 1
-                    logger.warning("lease expired", extra={"run_id": run.run_id, "attempt": run.attempt})
-                elif _rewatch(run, deps):
+    for batch in _batches(deps.store.query_overdue(shard, now)):
+        sessions = _sessions_of(batch, now, deps)
+        for run in batch:
+            _sweep_run(run, sessions, now, result, deps)
+    return result
+
+
+def _sweep_run(
+    run: Run, sessions: dict[str, Session], now: datetime, result: SweepResult, deps: Deps
+) -> None:
+    """:func:`sweep`'s decision for one overdue run (``sessions``: those of the batch's runs)."""
+    try:
+        if run.state is RunState.PENDING and run.held is not None:
+            if _recheck_held(run, deps):
+                result.held_rechecked += 1
+            else:
+                result.skipped += 1
+        elif run.state is RunState.PENDING:
+            if run.attempt == 1 and run.start_deadline_at is not None and now > run.start_deadline_at:
+                skip(run, deps, reason="starting_deadline_exceeded")
+                result.deadline_skipped += 1
+            elif now < (resend_at := _resend_at(run, deps)):
+                # its first look came before its pending grace ended: not lost yet, look again then
+                step = now + timedelta(seconds=deps.settings.first_watch_seconds)
+                if _defer(run, min(resend_at, step), deps):
                     result.rewatched += 1
                 else:
                     result.skipped += 1
-            elif run.state is RunState.RETRY_WAIT:
-                if _release_retry(run, deps):
-                    result.retries_released += 1
-                else:
-                    result.skipped += 1
+            elif _resend(run, deps):
+                result.resent += 1
             else:
                 result.skipped += 1
-        except LeaseLostError:
-            result.skipped += 1  # someone else moved the run on meanwhile: nothing to do
-    return result
+        elif run.state is RunState.RUNNING:
+            if run.deadline_at is not None and now >= handler_due_at(
+                run.deadline_at, run.on_timeout.kill_grace_seconds, deps
+            ):
+                start_handler(run, deps)
+                result.timeouts_handled += 1
+            elif run.session_id is not None:
+                session = sessions.get(run.session_id)
+                if lease_held(run, session, now):
+                    result.held_by_session += 1
+                elif _end_session_lease(run, sessions, now, result, deps):
+                    result.leases_expired += 1
+                else:
+                    result.skipped += 1
+            elif run.lease_expires_at is not None and run.lease_expires_at <= now:
+                expire_lease(run, deps)
+                result.leases_expired += 1
+                logger.warning("lease expired", extra={"run_id": run.run_id, "attempt": run.attempt})
+            elif _rewatch(run, deps):
+                result.rewatched += 1
+            else:
+                result.skipped += 1
+        elif run.state is RunState.RETRY_WAIT:
+            if _release_retry(run, deps):
+                result.retries_released += 1
+            else:
+                result.skipped += 1
+        else:
+            result.skipped += 1
+    except LeaseLostError:
+        result.skipped += 1  # someone else moved the run on meanwhile: nothing to do
+
+
+def _end_session_lease(
+    run: Run, sessions: dict[str, Session], now: datetime, result: SweepResult, deps: Deps
+) -> bool:
+    """A RUNNING run its worker session no longer holds: revoke the session first if it expired (so its
+    worker's next renewal is refused, and it stops every task it runs), then expire the run's lease
+    (``worker_lost``). False if the session was renewed meanwhile (looked at again at the next sweep).
+    ``sessions`` is updated, so the session's other runs in the batch do not revoke it again."""
+    assert run.session_id is not None
+    session = sessions.get(run.session_id)
+    if session is not None and session.revoked_at is None and not session.alive(now):
+        if not deps.store.revoke_session(session.session_id, now=now):
+            return False
+        sessions[session.session_id] = replace(session, revoked_at=now)
+        result.sessions_revoked += 1
+        logger.warning(
+            "worker session expired: revoked",
+            extra={"session_id": session.session_id, "owner": session.owner},
+        )
+    expire_lease(run, deps)
+    logger.warning(
+        "lease expired",
+        extra={"run_id": run.run_id, "attempt": run.attempt, "session_id": run.session_id},
+    )
+    return True
 
 
 def _resend_at(run: Run, deps: Deps) -> datetime:

@@ -2,30 +2,37 @@
 locally).
 
 Each run: pull a message from the tier's queue ([S0] pull, not push) -> start the run (PENDING -> RUNNING,
-new fencing token) -> run the task's command in its own process group (its exit seen at once, through a
-pidfd) -> heartbeat every ``heartbeat_seconds`` while it runs, streaming new output to the log store as
-chunks (:class:`LiveLog`) -> enforce ``timeout_seconds`` (SIGTERM to the group, ``kill_grace_seconds``,
-SIGKILL) -> upload the whole stdout+stderr to S3 (nothing when the task printed nothing: the attempt
-records ``log_bytes`` 0) and delete the chunks -> finish under the fencing token -> delete the message.
+new fencing token, recorded under the worker's session) and delete the message (the run row holds the run
+from then on) -> run the task's command in its own process group (its exit seen at once, through a pidfd),
+streaming new output to the log store as chunks (:class:`LiveLog`) -> enforce ``timeout_seconds`` (SIGTERM
+to the group, ``kill_grace_seconds``, SIGKILL) -> upload the whole stdout+stderr to S3 (nothing when the
+task printed nothing: the attempt records ``log_bytes`` 0) and delete the chunks -> finish under the
+fencing token.
+
+Leases: the worker holds every run it runs through one **worker session**
+(:class:`~duetime.services.sessions.WorkerSession`), renewed every ``heartbeat_seconds`` by the session
+thread with one write whatever it runs, and a batch read of its runs' rows: a run cancelled or fenced
+meanwhile (its token changed) has its task killed, and a refused renewal (the sweeper found the session
+expired and revoked it) kills every task. No run row is written while its task runs.
 
 Writes: the starts of a poll and the ends of the attempts that ended meanwhile are applied together by the
 worker's session thread (one transaction and one commit on the embedded store; one conditional write each
-on DynamoDB), and their messages deleted in one batch (DeleteMessageBatch), so a burst of short runs costs a
-few writes per poll instead of four per run.
+on DynamoDB), and the started and dropped messages deleted in one batch (DeleteMessageBatch), so a burst of
+short runs costs a few writes per poll instead of four per run.
 
 Slots: a worker process runs up to ``slots`` tasks at once (``--slots``; default per tier, :data:`DEFAULT_SLOTS`:
 small 4, medium 2, large 1). :meth:`Worker.run_forever` is one receive loop that asks the queue for up to
 its free slots' worth of messages per poll (at most 10, SQS's limit), has the session thread start them,
 and hands each started run to a slot's thread (kept for the slot's next runs), which runs its task as above
-with its own fencing token, heartbeat, visibility extension and log stream; the loop polls again as soon as
+with its own fencing token and log stream; the loop polls again as soon as
 a slot frees up. Every slot's run has the process's owner id as its lease owner
 (:func:`worker_id`). On AWS the tasks of a worker share its Fargate task's CPU and memory (the tier's
 ``cpu``/``memory_mib``): the defaults assume small tasks are light, and a tier whose tasks need the whole
 container should run with ``--slots 1``. :meth:`Worker.poll_once` (tests, the simulation) takes at most one
 message and runs it in the calling thread.
 
-A rejected heartbeat means another party owns the run now (or it was cancelled): the worker kills that
-slot's task's process tree and does not finish it; its other slots go on. A duplicate message fails the
+A run the session finds lost (another party owns it now, or it was cancelled) has that slot's task's
+process tree killed and is not finished; its other slots go on. A duplicate message fails the
 conditional start and is deleted unprocessed.
 
 Stopping (SIGTERM from ECS, from `duetime local`, or its lifeline when the stack dies): the signal handler
@@ -67,10 +74,11 @@ from duetime.domain.lifecycle import (
 )
 from duetime.domain.logs import log_key, pack_key
 from duetime.domain.models import ContainerTask, Run, RunState
-from duetime.domain.ports import QUEUE_VISIBILITY_SECONDS, LogStore, ReceivedMessage
+from duetime.domain.ports import LogStore, ReceivedMessage
 from duetime.domain.timeutil import to_iso
 from duetime.services.deps import Deps
-from duetime.services.runs import Finish, heartbeat, start_and_finish
+from duetime.services.runs import Finish, start_and_finish
+from duetime.services.sessions import WorkerSession
 from duetime.services.task_process import TaskProcess
 
 #: Largest log uploaded per attempt, bytes; longer output keeps its head and tail.
@@ -464,6 +472,10 @@ class Worker:
         self._log_thread: threading.Thread | None = None
         #: ends handed to the log thread and not yet passed on to the session (guarded by _slots_lock)
         self._log_backlog = 0
+        #: the lease on every run the worker holds, renewed once per heartbeat interval (sessions.py)
+        self.session = WorkerSession(deps, self.owner)
+        #: whether the slots renew the session themselves (poll_once, process: no session thread runs)
+        self._beats_inline = True
 
     # ---- the receive loop ------------------------------------------------------------------------------
     def run_forever(self, *, wait_seconds: int = 2) -> None:
@@ -483,6 +495,7 @@ class Worker:
         self._log_backlog = 0
         self._outstanding, self._start_fault = [], None
         session = threading.Thread(target=self._session_loop, name="session", daemon=True)
+        self._beats_inline = False
         session.start()
         self._log_thread = threading.Thread(target=self._log_loop, name="logs", daemon=True)
         self._log_thread.start()
@@ -526,6 +539,7 @@ class Worker:
             self._writes.put(None)
             while session.is_alive():
                 session.join(0.2)
+            self._beats_inline = True
             while True:  # settlements the session handed over as the log thread exited
                 try:
                     left = self._logs.get_nowait()
@@ -658,11 +672,15 @@ class Worker:
         that came early wait until they may start (``ready_at``), or until the worker is told to stop (then
         :meth:`_apply` gives their messages back)."""
         waiting: list[_Starts | _Ended] = []  # held starts and ends to try again, each until its ready_at
+        session = self.session
         while True:
             now = time.monotonic()
             timeout = max(0.0, min(item.ready_at for item in waiting) - now) if waiting else None
             if timeout is not None and any(isinstance(item, _Starts) for item in waiting):
                 timeout = min(timeout, HOLD_LOOK_SECONDS)
+            if session.session_id is not None:  # the session's renewal is due then
+                beat_in = max(0.0, session.next_beat - now)
+                timeout = beat_in if timeout is None else min(timeout, beat_in)
             batch: list[_Starts | _Ended] = []
             done = False
             try:
@@ -693,7 +711,9 @@ class Worker:
                 leaving = done or (stopping and starts)
                 due = item.ready_at <= now and not (starts and self._still_early(item))  # type: ignore[arg-type]
                 (ready if leaving or due else held).append(item)
-            waiting = held + (self._apply(ready) if ready else [])
+            waiting = held + list(self._apply(ready) if ready else [])
+            if session.due():
+                session.beat()
             if done:
                 return
 
@@ -747,6 +767,7 @@ class Worker:
         self._settle_logs(ends, kept)
         for ended in again:
             if ended not in kept:
+                self._release_run(ended)
                 logger.warning(
                     "finished run not recorded: its lease will expire and the sweeper settles it",
                     extra={"run_id": ended.finish.run.run_id if ended.finish else None, "tries": ended.tries},
@@ -832,7 +853,10 @@ class Worker:
         if ended is None:
             return None
         if self._write([], [ended]) and ended.error is not None:
-            raise ended.error  # not recorded: the message comes back; the sweeper settles the run
+            # not recorded, and not tried again here: no longer held, so the sweeper settles the run once its
+            # own lease passes
+            self._release_run(ended)
+            raise ended.error
         return ended.recorded
 
     def _deliver(self, run: Run, received: ReceivedMessage) -> _Ended | None:
@@ -1057,16 +1081,21 @@ class Worker:
 
     def _write(self, starts: list[_Starts], batch: list[_Ended]) -> list[_Ended]:
         """Apply the starts of ``starts`` and the ends of ``batch`` together (:func:`start_and_finish`),
-        then delete in one batch the messages of the ends and of the starts refused (duplicates, stale).
-        Sets each request's outcomes and each end's ``recorded`` (the run as finished, or None: its lease
-        was lost); returns the ends whose record failed (a fault: their messages are kept)."""
+        then delete in one batch the messages of every start applied or refused (a started run's message is
+        no longer needed: the run row and the worker session hold it from then on; a duplicate or stale one
+        is dropped). The starts are made under the worker session (opened first if none is) and held by it;
+        an end recorded (or refused as stale) is released. Sets each request's outcomes and each end's
+        ``recorded`` (the run as finished, or None: its lease was lost); returns the ends whose record
+        failed (a fault: they stay held, and are tried again)."""
         messages = [r for request in starts for r in request.received]
         finishing = [e for e in batch if e.finish is not None]
+        session_id = self.session.open() if messages else None
         started, ended = start_and_finish(
             [m.message for m in messages if m.message is not None],
             [e.finish for e in finishing if e.finish is not None],
             self.deps,
             owner=self.owner,
+            session_id=session_id,
         )
         handles: list[str] = []
         at = 0
@@ -1074,7 +1103,10 @@ class Worker:
             request.outcomes = started[at : at + len(request.received)]
             at += len(request.received)
             for message, outcome in zip(request.received, request.outcomes, strict=True):
-                if isinstance(outcome, StartRejectedError):
+                if isinstance(outcome, Run):
+                    self.session.hold(outcome)
+                    handles.append(message.receipt_handle)
+                elif isinstance(outcome, StartRejectedError):
                     logger.info(
                         "duplicate or stale message dropped", extra={"run_id": outcome_run_id(message)}
                     )
@@ -1086,15 +1118,21 @@ class Worker:
             if isinstance(end, Exception) and not isinstance(end, LeaseLostError):
                 self._log_failure("recording a finished run failed", end)
                 item.error = end
-                failed.append(item)  # unknown whether it was recorded: its message is kept
+                failed.append(item)  # unknown whether it was recorded: still held, tried again
                 continue
             item.recorded = end if isinstance(end, Run) else None
-            handles.append(item.received.receipt_handle)
+            self._release_run(item)
             if item.finish is not None:
                 self._echo(item.finish, end)
         if handles:
             self.deps.queues.delete_batch(self.tier, handles)
         return failed
+
+    def _release_run(self, ended: _Ended) -> None:
+        """The worker session no longer holds ``ended``'s run (its end is known, or given up)."""
+        run_id = outcome_run_id(ended.received)
+        if run_id is not None:
+            self.session.release(run_id)
 
     def _echo(self, finish: Finish, outcome: Run | Exception | None) -> None:
         # a success at DEBUG: one line per run is most of a burst's log volume and of its logging CPU
@@ -1169,15 +1207,16 @@ class Worker:
         proc: TaskProcess,
         exited: ExitWaiter,
     ) -> TaskOutcome:
-        """:meth:`_supervise`'s loop, waiting on ``exited``."""
+        """:meth:`_supervise`'s loop, waiting on ``exited``: every half second it looks whether the worker
+        session still holds the run (:meth:`WorkerSession.lost`: cancelled, fenced, or the session's lease
+        ended); without a session thread (poll_once, process) it renews the session itself when due."""
         settings = self.deps.settings
         deadline = time.monotonic() + run.timeout_seconds
-        next_beat = time.monotonic() + settings.heartbeat_seconds
         live = self._slot().live
+        session = self.session
         while True:
             now = time.monotonic()
-            wait = max(0.0, min(next_beat, deadline) - now)
-            code = exited.wait(min(wait, 0.5))
+            code = exited.wait(min(max(0.0, deadline - now), 0.5))
             if code is not None:
                 if code < 0 and self.stopping.is_set():  # killed by the stop deadline (the loop was held up)
                     out.write(b"\nduetime: worker stopping (SIGTERM); process group killed\n")
@@ -1198,56 +1237,27 @@ class Worker:
                     f"\nduetime: timed out after {run.timeout_seconds} s; process group killed\n".encode()
                 )
                 return TaskOutcome(exit_code=proc.returncode, timed_out=True, lease_lost=False)
-            if now >= next_beat:
-                next_beat = now + settings.heartbeat_seconds
-                try:
-                    heartbeat(run, self.deps, fencing_token=token)
-                except LeaseLostError:
-                    self._kill(proc, settings.kill_grace_seconds)
-                    cancelled = self._cancelled(run, token)
-                    if cancelled is not None:
-                        out.write(f"\nduetime: run cancelled ({cancelled}); process group killed\n".encode())
-                    else:
-                        out.write(b"\nduetime: lease lost (fencing token superseded); process group killed\n")
-                    return TaskOutcome(
-                        exit_code=proc.returncode,
-                        timed_out=False,
-                        lease_lost=True,
-                        error="run cancelled" if cancelled is not None else None,
-                    )
-                except Exception as exc:  # noqa: BLE001 - a missed heartbeat is retried at the next beat
-                    self._log_failure("heartbeat failed", exc)
-                try:
-                    self.deps.queues.extend_visibility(
-                        self.tier, received.receipt_handle, QUEUE_VISIBILITY_SECONDS
-                    )
-                except Exception:  # noqa: BLE001 - as a heartbeat: retried at the next beat (an escaping
-                    # error would leave the task running unsupervised)
-                    logger.exception("extending the message's visibility failed")
+            if self._beats_inline and session.due():
+                session.beat()
+            lost = session.lost(run.run_id)
+            if lost is not None:
+                self._kill(proc, settings.kill_grace_seconds)
+                if lost.cancelled is not None:
+                    out.write(f"\nduetime: run cancelled ({lost.cancelled}); process group killed\n".encode())
+                else:
+                    out.write(f"\nduetime: lease lost ({lost.why}); process group killed\n".encode())
+                return TaskOutcome(
+                    exit_code=proc.returncode,
+                    timed_out=False,
+                    lease_lost=True,
+                    error="run cancelled" if lost.cancelled is not None else None,
+                )
             if live is not None:
                 live.poll(time.monotonic())
 
     def _kill(self, proc: TaskProcess, grace_seconds: float) -> None:
         self._slot().task_killing = True  # the stop deadline's thread leaves it to this slot's loop
         kill_group(proc, grace_seconds)
-
-    def _cancelled(self, run: Run, token: int) -> str | None:
-        """After a rejected heartbeat: why, if this attempt was cancelled (its record says CANCELLED under
-        ``token``); None if the lease went to another party (expired and taken over, fenced by the timeout
-        handler) or the run cannot be read."""
-        try:
-            now = self.deps.store.get_run(run.job_id, run.due_at)
-        except Exception:  # noqa: BLE001 - only the log line's wording depends on it
-            logger.exception("reading the run after a rejected heartbeat failed")
-            return None
-        if now is None or now.state is not RunState.CANCELLED:
-            return None
-        if not any(
-            a.attempt == run.attempt and a.fencing_token == token and a.state is RunState.CANCELLED
-            for a in now.attempts
-        ):
-            return None
-        return now.error or "cancelled"
 
 
 def stop_budget_seconds() -> float:

@@ -39,6 +39,8 @@ from duetime.adapters.aws.resources import (
     RUNS_PK,
     RUNS_SK,
     RUNS_TTL_ATTRIBUTE,
+    SESSION_PREFIX,
+    SESSION_SORT_KEY,
     SHARD_LEASE_PREFIX,
     SUBMIT_RATE_PREFIX,
     TENANT_COUNTER_PREFIX,
@@ -61,7 +63,17 @@ from duetime.domain.errors import (
 )
 from duetime.domain.lifecycle import AttemptEnd
 from duetime.domain.logs import log_key
-from duetime.domain.models import AttemptRecord, Job, Run, RunState, Trigger, json_text, run_id_for
+from duetime.domain.models import (
+    SESSION_RETAIN_SECONDS,
+    AttemptRecord,
+    Job,
+    Run,
+    RunState,
+    Session,
+    Trigger,
+    json_text,
+    run_id_for,
+)
 from duetime.domain.ports import JobAdvance, RunStart
 from duetime.domain.timeutil import from_iso, to_iso
 
@@ -746,6 +758,22 @@ class DynamoStore:
         )
         return run_from_item(deserialize(out["Item"])) if "Item" in out else None
 
+    def get_runs(self, keys: Sequence[tuple[str, datetime]]) -> dict[tuple[str, datetime], Run]:
+        """The runs of ``keys`` that exist, keyed as asked: one consistent BatchGetItem per 100 keys.
+
+        Raises:
+            ThrottledError: some keys were still unprocessed after the retries.
+        """
+        wanted = {(job_id, to_iso(due_at)): (job_id, due_at) for job_id, due_at in keys}
+        items = self._batch_get(self.runs_table, [self._run_key(j, d) for j, d in wanted.values()])
+        found: dict[tuple[str, datetime], Run] = {}
+        for item in items:
+            run = run_from_item(deserialize(item))
+            key = wanted.get((run.job_id, to_iso(run.due_at)))
+            if key is not None:
+                found[key] = run
+        return found
+
     def list_runs(self, job_id: str, *, limit: int = 20) -> list[Run]:
         """The job's most recent ``limit`` runs, newest due time first."""
         out = self._ddb.query(
@@ -893,6 +921,108 @@ class DynamoStore:
             raise
         return True
 
+    # ---- worker sessions (items of the runs table under reserved keys) -----------------------------------
+    @staticmethod
+    def _session_key(session_id: str) -> dict[str, Any]:
+        return serialize({RUNS_PK: f"{SESSION_PREFIX}{session_id}", RUNS_SK: SESSION_SORT_KEY})
+
+    @staticmethod
+    def _session_ttl(expires_at: datetime) -> int:
+        """The item's TTL: a day after the session's end (a worker resumed within it finds it revoked)."""
+        return int(expires_at.timestamp()) + SESSION_RETAIN_SECONDS
+
+    @staticmethod
+    def _session(item: Mapping[str, Any]) -> Session:
+        data = deserialize(item)
+        revoked = data.get("revoked_at")
+        return Session(
+            str(data[RUNS_PK]).removeprefix(SESSION_PREFIX),
+            str(data["owner"]),
+            from_iso(str(data["lease_expires_at"])),
+            tuple(str(r) for r in data.get("runs") or ()),
+            from_iso(str(revoked)) if revoked is not None else None,
+        )
+
+    def open_session(self, session: Session) -> None:
+        """Store a new session (a conditional PutItem). Raises ConflictError if its id is taken."""
+        item = {
+            **deserialize(self._session_key(session.session_id)),
+            "owner": session.owner,
+            "lease_expires_at": session.expires_at,
+            "runs": list(session.runs),
+            RUNS_TTL_ATTRIBUTE: self._session_ttl(session.expires_at),
+        }
+        try:
+            self._ddb.put_item(
+                TableName=self.runs_table,
+                Item=serialize(item),
+                ConditionExpression="attribute_not_exists(job_id)",
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                raise ConflictError(f"session {session.session_id} exists") from None
+            raise
+
+    def renew_session(
+        self, session_id: str, *, runs: Sequence[str], expires_at: datetime, now: datetime
+    ) -> Session | None:
+        """Set ``runs`` and ``expires_at`` while the session is alive at ``now`` (one conditional UpdateItem,
+        1 WRU for a session of up to about 10 runs); None if it is gone, revoked or expired."""
+        upd = Update()
+        upd.extra_condition = (
+            f"attribute_exists({upd.name(RUNS_PK)}) AND attribute_not_exists({upd.name('revoked_at')})"
+            f" AND {upd.name('lease_expires_at')} > {upd.value('now', now)}"
+        )
+        upd.sets.update(
+            {
+                "runs": list(runs),
+                "lease_expires_at": expires_at,
+                RUNS_TTL_ATTRIBUTE: self._session_ttl(expires_at),
+            }
+        )
+        try:
+            out = self._ddb.update_item(
+                TableName=self.runs_table,
+                Key=self._session_key(session_id),
+                ReturnValues="ALL_NEW",
+                **upd.build(),
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                return None
+            raise
+        return self._session(out["Attributes"])
+
+    def get_sessions(self, session_ids: Sequence[str]) -> dict[str, Session]:
+        """The sessions of ``session_ids`` that exist (consistent BatchGetItem), by id.
+
+        Raises:
+            ThrottledError: some keys were still unprocessed after the retries.
+        """
+        unique = list(dict.fromkeys(session_ids))
+        items = self._batch_get(self.runs_table, [self._session_key(i) for i in unique])
+        sessions = [self._session(item) for item in items]
+        return {session.session_id: session for session in sessions}
+
+    def revoke_session(self, session_id: str, *, now: datetime) -> bool:
+        """Revoked at ``now`` if it expired by then (a conditional UpdateItem; an earlier revocation stays);
+        True if revoked (now or before) or gone, False if alive (nothing written)."""
+        upd = Update()
+        revoked = upd.name("revoked_at")
+        upd.extra_condition = (
+            f"attribute_exists({upd.name(RUNS_PK)}) AND attribute_not_exists({revoked})"
+            f" AND {upd.name('lease_expires_at')} <= {upd.value('now', now)}"
+        )
+        upd.sets["revoked_at"] = now
+        try:
+            self._ddb.update_item(TableName=self.runs_table, Key=self._session_key(session_id), **upd.build())
+        except ClientError as exc:
+            if not _is_condition_failure(exc):
+                raise
+            found = self.get_sessions([session_id]).get(session_id)
+            return found is None or found.revoked_at is not None
+        return True
+
     # ---- shard leases --------------------------------------------------------------------------------
     def acquire_shard_lease(self, shard: int, *, owner: str, now: datetime, lease_seconds: float) -> bool:
         """Take (or renew) the tick's lease on ``shard`` until ``now + lease_seconds``.
@@ -973,6 +1103,7 @@ class DynamoStore:
         deadline_at: datetime | None = None,
         watch_at: datetime | None = None,
         running_tenant: str | None = None,
+        session_id: str | None = None,
     ) -> Run:
         """Start ``attempt``: the run becomes RUNNING and its fencing token goes up by one.
 
@@ -1013,6 +1144,10 @@ class DynamoStore:
             upd.sets["deadline_at"] = deadline_at
         if running_tenant is not None:
             upd.sets[RUNNING_INDEX_PK] = running_tenant
+        if session_id is not None:
+            upd.sets["session_id"] = session_id
+        else:
+            upd.removes.append("session_id")
         # the previous attempt's outcome stays in `attempts`, not on the run being retried
         upd.removes.extend(["retry_at", "finished_at", "exit_code", "error", "result", "result_truncated"])
         upd.adds["fencing_token"] = 1
@@ -1039,6 +1174,7 @@ class DynamoStore:
                 deadline_at=s.deadline_at,
                 watch_at=s.watch_at,
                 running_tenant=s.running_tenant,
+                session_id=s.session_id,
             ),
         )
 
@@ -1094,7 +1230,9 @@ class DynamoStore:
             upd.sets.update(retry_at=end.retry_at, watch_at=end.watch_at)
             if end.max_attempts is not None:
                 upd.sets["max_attempts"] = end.max_attempts
-            upd.removes.extend(["lease_owner", "lease_expires_at", "deadline_at", RUNNING_INDEX_PK])
+            upd.removes.extend(
+                ["lease_owner", "lease_expires_at", "session_id", "deadline_at", RUNNING_INDEX_PK]
+            )
         else:
             if end.dead_lettered:
                 upd.sets.update(
@@ -1281,5 +1419,6 @@ def terminal_removals() -> Sequence[str]:
         "held",
         "lease_owner",
         "lease_expires_at",
+        "session_id",
         "retry_at",
     )

@@ -52,6 +52,11 @@ SHARD_LEASE_PREFIX = "#shard-lease#"
 TENANT_COUNTER_PREFIX = "#tenant#"
 #: per-tenant, per-minute submit counters live in the idempotency table (it has a TTL) under these ids.
 SUBMIT_RATE_PREFIX = "#submits#"
+#: worker sessions are items of the runs table under ``job_id = SESSION_PREFIX + session_id`` (no job id can
+#: take it: job ids are letters, digits, ``_`` and ``-``) and ``due_at = SESSION_SORT_KEY``; they carry no
+#: index attribute, so no GSI holds them
+SESSION_PREFIX = "#session#"
+SESSION_SORT_KEY = "session"
 #: TTL attribute on runs (epoch seconds).
 RUNS_TTL_ATTRIBUTE = "expires_at"
 

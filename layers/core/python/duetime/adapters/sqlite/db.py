@@ -170,6 +170,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX queue_dead_letters_tier ON queue_dead_letters (tier, id)",
     ),
+    (
+        # ---- worker sessions: the lease on every run a worker holds (DESIGN.md section 5) ----
+        # runs: the JSON list of the run ids held at the last renewal; purge_at: epoch seconds (a day after
+        # the session's end, as the DynamoDB item's TTL)
+        """CREATE TABLE sessions (
+            session_id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            revoked_at TEXT,
+            runs TEXT NOT NULL,
+            purge_at INTEGER NOT NULL
+        ) WITHOUT ROWID""",
+        "CREATE INDEX sessions_purge ON sessions (purge_at)",
+    ),
 )
 
 #: the schema version this code writes

@@ -44,7 +44,16 @@ from duetime.domain.errors import (
     StartRejectedError,
 )
 from duetime.domain.lifecycle import AttemptEnd
-from duetime.domain.models import AttemptRecord, Job, JobState, Run, RunState, Trigger
+from duetime.domain.models import (
+    SESSION_RETAIN_SECONDS,
+    AttemptRecord,
+    Job,
+    JobState,
+    Run,
+    RunState,
+    Session,
+    Trigger,
+)
 from duetime.domain.ports import JobAdvance, RunStart
 from duetime.domain.timeutil import from_iso, to_iso
 
@@ -64,6 +73,7 @@ TERMINAL_REMOVALS = (
     "held",
     "lease_owner",
     "lease_expires_at",
+    "session_id",
     "retry_at",
 )
 
@@ -71,8 +81,13 @@ TERMINAL_REMOVALS = (
 SUBMIT_COUNTER_TTL_SECONDS = 120
 #: rows read per page by the iterators (query_due, query_overdue)
 PAGE_SIZE = 500
-#: ids per ``IN (...)`` of get_jobs
+#: ids per ``IN (...)`` of get_jobs, get_runs and get_sessions
 _IDS_PER_READ = 500
+
+
+def _session_purge_at(expires_at: datetime) -> int:
+    """When a session ending at ``expires_at`` may be deleted (epoch seconds)."""
+    return int(expires_at.timestamp()) + SESSION_RETAIN_SECONDS
 
 
 def _plain(value: Any) -> Any:
@@ -161,7 +176,7 @@ def _start_edit(item: RunStart) -> _Edit:
     """The condition and change of :meth:`SqliteStore.start` for ``item``."""
     attempt, owner, now = item.attempt, item.owner, item.now
     lease_expires_at, deadline_at, watch_at = item.lease_expires_at, item.deadline_at, item.watch_at
-    running_tenant = item.running_tenant
+    running_tenant, session_id = item.running_tenant, item.session_id
     now_s = to_iso(now)
 
     def condition(row: _RunRow) -> bool:
@@ -193,9 +208,12 @@ def _start_edit(item: RunStart) -> _Edit:
             sets["deadline_at"] = deadline_at
         if running_tenant is not None:
             sets[RUNNING_TENANT] = running_tenant
+        if session_id is not None:
+            sets["session_id"] = session_id
         row.edit(
             sets=sets,
-            removes=["retry_at", "finished_at", "exit_code", "error", "result", "result_truncated"],
+            removes=(["session_id"] if session_id is None else [])
+            + ["retry_at", "finished_at", "exit_code", "error", "result", "result_truncated"],
             adds={"fencing_token": 1},
         )
 
@@ -227,7 +245,7 @@ def _end_edit(end: AttemptEnd) -> _Edit:
             sets.update(retry_at=end.retry_at, watch_at=end.watch_at)
             if end.max_attempts is not None:
                 sets["max_attempts"] = end.max_attempts
-            removes.extend(["lease_owner", "lease_expires_at", "deadline_at", RUNNING_TENANT])
+            removes.extend(["lease_owner", "lease_expires_at", "session_id", "deadline_at", RUNNING_TENANT])
         else:
             if end.dead_lettered:
                 sets.update(
@@ -549,6 +567,22 @@ class SqliteStore:
         rows = self.db.read("SELECT doc FROM runs WHERE job_id = ? AND due_at = ?", (job_id, to_iso(due_at)))
         return self._run(rows[0][0]) if rows else None
 
+    def get_runs(self, keys: Sequence[tuple[str, datetime]]) -> dict[tuple[str, datetime], Run]:
+        """The runs of ``keys`` that exist, keyed as asked."""
+        wanted = {(job_id, to_iso(due_at)): (job_id, due_at) for job_id, due_at in keys}
+        found: dict[tuple[str, datetime], Run] = {}
+        pairs = list(wanted)
+        for first in range(0, len(pairs), _IDS_PER_READ):
+            batch = pairs[first : first + _IDS_PER_READ]
+            marks = ",".join(["(?, ?)"] * len(batch))
+            rows = self.db.read(
+                f"SELECT job_id, due_at, doc FROM runs WHERE (job_id, due_at) IN (VALUES {marks})",
+                [part for pair in batch for part in pair],
+            )
+            for job_id, due_at, doc in rows:
+                found[wanted[(job_id, due_at)]] = self._run(doc)
+        return found
+
     def list_runs(self, job_id: str, *, limit: int = 20) -> list[Run]:
         """The job's most recent ``limit`` runs, newest due time first."""
         rows = self.db.read(
@@ -819,6 +853,7 @@ class SqliteStore:
         deadline_at: datetime | None = None,
         watch_at: datetime | None = None,
         running_tenant: str | None = None,
+        session_id: str | None = None,
     ) -> Run:
         """PENDING at ``attempt`` (or RETRY_WAIT at ``attempt - 1`` past its ``retry_at``) -> RUNNING, the
         fencing token raised by one; refused for a held run, and past its starting deadline while the stored
@@ -839,6 +874,7 @@ class SqliteStore:
                     deadline_at=deadline_at,
                     watch_at=watch_at,
                     running_tenant=running_tenant,
+                    session_id=session_id,
                 )
             ]
         )
@@ -1096,6 +1132,83 @@ class SqliteStore:
             job_id, due_at, lambda row: True, lambda row: row.edit(appends={"events": [dict(event)]})
         )
 
+    # ---- worker sessions -----------------------------------------------------------------------------
+    @staticmethod
+    def _session(row: tuple[Any, ...]) -> Session:
+        session_id, owner, expires_at, revoked_at, runs = row
+        return Session(
+            session_id,
+            owner,
+            from_iso(expires_at),
+            tuple(json.loads(runs)),
+            from_iso(revoked_at) if revoked_at is not None else None,
+        )
+
+    def open_session(self, session: Session) -> None:
+        """Store a new session. Raises ConflictError if its id is taken."""
+        try:
+            with self.db.transaction() as conn:
+                conn.execute(
+                    "INSERT INTO sessions (session_id, owner, expires_at, revoked_at, runs, purge_at)"
+                    " VALUES (?, ?, ?, NULL, ?, ?)",
+                    (
+                        session.session_id,
+                        session.owner,
+                        to_iso(session.expires_at),
+                        json.dumps(list(session.runs)),
+                        _session_purge_at(session.expires_at),
+                    ),
+                )
+        except sqlite3.IntegrityError:
+            raise ConflictError(f"session {session.session_id} exists") from None
+
+    def renew_session(
+        self, session_id: str, *, runs: Sequence[str], expires_at: datetime, now: datetime
+    ) -> Session | None:
+        """Set ``runs`` and ``expires_at`` while the session is alive at ``now``; None if it is not."""
+        with self.db.transaction() as conn:
+            row = conn.execute(
+                "UPDATE sessions SET runs = ?, expires_at = ?, purge_at = ?"
+                " WHERE session_id = ? AND revoked_at IS NULL AND expires_at > ?"
+                " RETURNING session_id, owner, expires_at, revoked_at, runs",
+                (
+                    json.dumps(list(runs)),
+                    to_iso(expires_at),
+                    _session_purge_at(expires_at),
+                    session_id,
+                    to_iso(now),
+                ),
+            ).fetchone()
+        return self._session(row) if row is not None else None
+
+    def get_sessions(self, session_ids: Sequence[str]) -> dict[str, Session]:
+        """The sessions of ``session_ids`` that exist, by id."""
+        unique = list(dict.fromkeys(session_ids))
+        found: dict[str, Session] = {}
+        for first in range(0, len(unique), _IDS_PER_READ):
+            batch = unique[first : first + _IDS_PER_READ]
+            marks = ",".join("?" * len(batch))
+            for row in self.db.read(
+                "SELECT session_id, owner, expires_at, revoked_at, runs FROM sessions"
+                f" WHERE session_id IN ({marks})",
+                batch,
+            ):
+                found[row[0]] = self._session(row)
+        return found
+
+    def revoke_session(self, session_id: str, *, now: datetime) -> bool:
+        """Revoked at ``now`` if expired by then; True if revoked (now or before) or gone, False if alive."""
+        with self.db.transaction() as conn:
+            conn.execute(
+                "UPDATE sessions SET revoked_at = ? WHERE session_id = ? AND revoked_at IS NULL"
+                " AND expires_at <= ?",
+                (to_iso(now), session_id, to_iso(now)),
+            )
+            row = conn.execute(
+                "SELECT revoked_at FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
+        return row is None or row[0] is not None
+
     # ---- housekeeping --------------------------------------------------------------------------------
     def purge_expired(self, now: datetime | None = None) -> int:
         """Delete the runs past their retention (DynamoDB's TTL) and expired submit counters; returns how
@@ -1104,6 +1217,7 @@ class SqliteStore:
         with self.db.transaction() as conn:
             gone = conn.execute("DELETE FROM runs WHERE expires_at <= ?", (epoch,)).rowcount
             conn.execute("DELETE FROM submit_counters WHERE expires_at <= ?", (epoch,))
+            conn.execute("DELETE FROM sessions WHERE purge_at <= ?", (epoch,))
         return int(gone)
 
     # ---- page tokens ---------------------------------------------------------------------------------

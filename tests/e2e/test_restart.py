@@ -13,12 +13,18 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
 ARGS = ("--tick-seconds", "1", "--workers", "2", "--lease-seconds", "4", "--heartbeat-seconds", "1")
-#: how long the stack stays down
-DOWNTIME_SECONDS = 30
+#: how long the stack stays down: the window checked below (kill .. restart - 6 s, past the rate job's 5 s
+#: catch-up tolerance) then lasts over 20 s, so at least two of the rate(10 seconds) job's slots fall in it
+DOWNTIME_SECONDS = 26
+#: the sleeper's first attempt: far longer than anything before the kill, so the kill always finds it RUNNING;
+#: its retry sleeps SLEEPER_RETRY_SECONDS (a RUNNING task once more, not one that would keep the test waiting)
+SLEEPER_FIRST_SECONDS = 300
+SLEEPER_RETRY_SECONDS = 2
 
 
 def _ts(text: str) -> datetime:
@@ -46,6 +52,11 @@ def _runs(stack: Stack, job_id: str) -> list[dict[str, Any]]:
     return list(body["runs"])
 
 
+def _with_success_after(runs: list[dict[str, Any]], after: datetime) -> list[dict[str, Any]] | None:
+    """``runs`` if one of them due after ``after`` has SUCCEEDED, else None."""
+    return runs if any(_ts(r["due_at"]) > after and r["state"] == "SUCCEEDED" for r in runs) else None
+
+
 def _interrupted(run: dict) -> bool:
     """The run's first attempt was in flight when the stack died: handed back by its worker or found lost."""
     attempts = run.get("attempts") or []
@@ -57,13 +68,18 @@ def test_a_sigkilled_stack_started_again_keeps_everything_and_runs_nothing_twice
     restarted: Stack | None = None
     try:
         # Given 50 jobs: 20 cron and 10 rate jobs not due yet, 10 at(...) an hour away, 8 run-now jobs that
-        # finish, one run-now `sleep 20` RUNNING at the kill, and a rate(10 seconds) job without catch-up
+        # finish, one run-now long sleep RUNNING at the kill, and a rate(10 seconds) job without catch-up
+        # (counting from a start_at 2 s after its submit: its first slot comes at once, not 10 s later)
         later = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")
         bodies = [_job(f"cron-{i}", ["true"], {"expression": f"cron({i} 3 * * ? *)"}) for i in range(20)]
         bodies += [_job(f"rate-{i}", ["true"], {"expression": f"rate({i + 2} hours)"}) for i in range(10)]
         bodies += [_job(f"at-{i}", ["true"], {"expression": f"at({later})"}) for i in range(10)]
         bodies += [_job(f"now-{i}", ["sh", "-c", f"echo now {i}"]) for i in range(8)]
-        bodies.append(_job("sleeper", ["sh", "-c", "echo slept; sleep 20; echo woke"]))
+        sleep = (
+            f'if [ "$DUETIME_ATTEMPT" = 1 ]; then sleep {SLEEPER_FIRST_SECONDS};'
+            f" else sleep {SLEEPER_RETRY_SECONDS}; fi"
+        )
+        bodies.append(_job("sleeper", ["sh", "-c", f"echo slept; {sleep}; echo woke"]))
         bodies.append(
             _job(
                 "every-10s",
@@ -74,6 +90,9 @@ def test_a_sigkilled_stack_started_again_keeps_everything_and_runs_nothing_twice
         )
         ids = {}
         for body in bodies:
+            if body["name"] == "every-10s":  # (its start_at from the moment of its own submit)
+                start_at = datetime.now(UTC) + timedelta(seconds=2)
+                body["schedule"]["start_at"] = start_at.isoformat(timespec="milliseconds")
             status, job = stack.request("POST", "/jobs", body)
             assert status == 201, job
             ids[body["name"]] = job["job_id"]
@@ -82,7 +101,12 @@ def test_a_sigkilled_stack_started_again_keeps_everything_and_runs_nothing_twice
             stack.wait_run(ids[f"now-{i}"], {"SUCCEEDED"}, timeout=60)
         [sleeping] = stack.wait_run(ids["sleeper"], {"RUNNING"}, timeout=60)
         stack.wait_run(ids["every-10s"], {"SUCCEEDED"}, timeout=60)
-        time.sleep(2)  # the sleeper's first chunk of output is streamed
+        # the sleeper's first chunk of output is streamed (FLUSH_SECONDS after its start)
+        wait_for(
+            "the sleeper's first chunk",
+            lambda: stack.request("GET", f"/runs/{sleeping['run_id']}/logs")[1] == "slept\n",
+            timeout=30,
+        )
         before_jobs = _all_jobs(stack)
         before_runs = {job_id: _runs(stack, job_id) for job_id in ids.values()}
         logs = {
@@ -92,7 +116,7 @@ def test_a_sigkilled_stack_started_again_keeps_everything_and_runs_nothing_twice
             if r["state"] == "SUCCEEDED"
         }
 
-        # When the stack is killed with SIGKILL, stays down 30 s, and is started again with the same command
+        # When the stack is killed with SIGKILL, stays down 26 s, and is started again with the same command
         os.kill(stack.proc.pid, signal.SIGKILL)
         stack.proc.wait(timeout=10)
         killed_at = datetime.now(UTC)
@@ -126,8 +150,12 @@ def test_a_sigkilled_stack_started_again_keeps_everything_and_runs_nothing_twice
         assert restarted.request("GET", f"/runs/{sleeper['run_id']}/logs")[1] == "slept\nwoke\n"
         # the rate job's slots due while it was down are not caught up (policy none): skipped or never run,
         # and counted as missed; its schedule goes on after the restart
-        every = restarted.wait_run(
-            ids["every-10s"], {"SUCCEEDED"}, count=len(before_runs[ids["every-10s"]]) + 1
+        restarted.wait_run(ids["every-10s"], {"SUCCEEDED"}, count=len(before_runs[ids["every-10s"]]) + 1)
+        # (a slot due within its tolerance before the restart may run too: wait for one due after it)
+        every = wait_for(
+            "a slot of every-10s due after the restart to succeed",
+            lambda: _with_success_after(_runs(restarted, ids["every-10s"]), back_at),
+            timeout=30,
         )
         down = [r for r in every if killed_at < _ts(r["due_at"]) < back_at - timedelta(seconds=6)]
         # (a slot due just after the kill may have been started by a worker in the moment before its death

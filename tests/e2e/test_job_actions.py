@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -62,6 +63,18 @@ def _started(run: dict) -> bool:
     return run["started_at"] is not None or bool(run["attempts"])
 
 
+#: the states a run never leaves
+ENDED = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED"}
+
+
+def _settled_after_resume(stack: Stack, job_id: str, resumed: datetime) -> bool:
+    """Every run due up to ``resumed`` has ended, and one due after it has SUCCEEDED."""
+    found = _runs(stack, job_id)
+    return all(r["state"] in ENDED for r in found if _ts(r["due_at"]) <= resumed) and any(
+        r["state"] == "SUCCEEDED" for r in found if _ts(r["due_at"]) > resumed
+    )
+
+
 def test_pause_delete_and_a_schedule_change_govern_the_runs_claimed_ahead(default_stack: Stack) -> None:
     stack = default_stack
     t0 = time.monotonic()
@@ -98,14 +111,26 @@ def test_pause_delete_and_a_schedule_change_govern_the_runs_claimed_ahead(defaul
     new_first = created + timedelta(seconds=30)
     assert _ts(patched["next_fire_at"]) == created + timedelta(seconds=90)
 
-    # resume 40 s after the pause
-    _sleep_until(t0 + 45)
+    # resume 30 s after the pause (the slots due at +10, +20 and +30 s held by it)
+    _sleep_until(t0 + 35)
     resume_at = {}
     for p, job in paused.items():
         status, body = stack.request("POST", f"/jobs/{job['job_id']}/resume")
         assert status == 200 and body["state"] == "ACTIVE", body
         resume_at[p] = _ts(body["updated_at"])
-    _sleep_until(t0 + 62)
+    # until each paused job's held runs are decided and its first slot after the resume (+40 s) has run, and the
+    # changed job's first slot of the new schedule (+30 s) too (every run checked below has ended by then)
+    wait_for(
+        "the runs after the resume",
+        lambda: (
+            all(_settled_after_resume(stack, job["job_id"], resume_at[p]) for p, job in paused.items())
+            and any(
+                _ts(r["due_at"]) == new_first and r["state"] == "SUCCEEDED"
+                for r in _runs(stack, changed["job_id"])
+            )
+        ),
+        timeout=40,
+    )
 
     # pause: of the runs due during the pause, `none` started none, `latest` the newest, `all` every one;
     # the others ended SKIPPED (paused)

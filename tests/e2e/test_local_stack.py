@@ -72,7 +72,10 @@ def test_an_at_job_is_claimed_by_the_tick_and_starts_on_time(stack: Stack) -> No
 
 
 def test_a_rate_job_keeps_firing_with_distinct_runs(stack: Stack) -> None:
-    status, job = stack.request("POST", "/jobs", _job(["true"], {"expression": "rate(10 seconds)"}))
+    # counting from a start_at 1 s away: its first slot comes at once, not a whole period after the submit
+    start_at = (datetime.now(UTC) + timedelta(seconds=1)).isoformat(timespec="milliseconds")
+    schedule = {"expression": "rate(10 seconds)", "start_at": start_at}
+    status, job = stack.request("POST", "/jobs", _job(["true"], schedule))
     assert status == 201
     runs = stack.wait_run(job["job_id"], {"SUCCEEDED"}, count=3, timeout=45)
     due_times = sorted(_ts(r["due_at"]) for r in runs if r["state"] == "SUCCEEDED")
@@ -126,9 +129,11 @@ def test_exit_1_three_times_waits_longer_each_time_is_dead_lettered_and_a_retry_
 
 
 def test_a_killed_worker_loses_its_lease_and_the_run_finishes_as_attempt_two(stack: Stack) -> None:
-    # Given a 3-second job, running
+    # Given a 3-second job, running (its retry 0.5-1 s after a failed attempt, not the default 5-10 s)
     _, job = stack.request(
-        "POST", "/jobs", _job(["sh", "-c", "sleep 3; echo done"], retry={"max_attempts": 3})
+        "POST",
+        "/jobs",
+        _job(["sh", "-c", "sleep 3; echo done"], retry={"max_attempts": 3, "backoff_seconds": 1}),
     )
     [run] = stack.wait_run(job["job_id"], {"RUNNING"}, timeout=15)
     pid = int(run["lease_owner"].split(":")[1])

@@ -11,8 +11,9 @@ README's Performance section, or remove the extra call. Derived from the code (D
 - worker: ReceiveMessage, BatchGetItem of the poll's jobs, UpdateItem run (start: the watch time stays, no
   watchdog write), DeleteMessageBatch (at the start: the run row and the worker session hold the run from
   then on), PutObject log (none for an empty one), UpdateItem run (finish: leaves the watchdog GSI);
-- worker session (per worker, not per run): PutItem at its first start; every heartbeat interval one
-  UpdateItem (1 WRU) and one BatchGetItem of the runs it holds, whatever their number;
+- worker session (per worker, not per run): while it holds runs, one BatchGetItem of them every heartbeat
+  interval, and one UpdateItem (1 WRU) once one of them has run longer than its own lease less two
+  intervals, whatever their number (a worker running only short tasks writes none);
 - sweeper with nothing overdue: one empty watchdog Query per shard, nothing per run.
 """
 
@@ -35,6 +36,7 @@ from duetime.domain.models import ContainerTask, JobState, Run, RunState, Schedu
 from duetime.local import callcount
 from duetime.services import claims, jobs
 from duetime.services.runs import start_many
+from duetime.services.sessions import WorkerSession
 from duetime.services.sweeper import sweep
 from duetime.services.worker import Worker
 
@@ -87,14 +89,6 @@ def rru(records: list[dict[str, Any]]) -> float:
     return sum(float(r.get("rru") or 0) for r in records)
 
 
-def _worker(deps: Deps, counted: Counted) -> Worker:
-    """A worker whose session is open (its one PutItem, per worker: not a run's cost)."""
-    worker = Worker(deps, "small")
-    worker.session.open()
-    assert ops(counted.take()) == {"dynamodb PutItem test-runs": 1}
-    return worker
-
-
 def _submit(deps: Deps, **kw: Any) -> Any:
     request = CreateJobRequest(name="bench", task=ContainerTask(command=["true"]), **kw)
     return jobs.create_job(request, tenant="t1", deps=deps)
@@ -120,7 +114,7 @@ def test_a_run_now_job_costs_five_calls_to_submit_and_five_to_run(deps: Deps, co
     # When a run-now job is submitted (the API claims it itself) and a worker runs it
     job = _submit(deps)
     submit = counted.take()
-    _worker(deps, counted).poll_once()
+    Worker(deps, "small").poll_once()
     work = counted.take()
 
     # Then the submit is: the tenant's submit-rate counter, the run, the job stored already claimed, the
@@ -183,7 +177,7 @@ def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
     assert wru(ticked) - wru(fixed) == 2 + 3
 
     # And the worker's run is the same six calls as a run-now job's
-    _worker(deps, counted).poll_once()
+    Worker(deps, "small").poll_once()
     work = counted.take()
     assert ops(work) == WORKER_CALLS and wru(work) == WORKER_WRU
 
@@ -200,26 +194,33 @@ def test_a_worker_session_renews_every_run_it_holds_with_one_write_and_one_read(
 ) -> None:
     # Given a worker session holding three RUNNING runs (long tasks: started, not ended)
     made = [_submit(deps, job_id=f"long-{i}") for i in range(3)]
-    counted.take()
-    worker = _worker(deps, counted)
+    session = WorkerSession(deps, "w1", monotonic=lambda: clock.now().timestamp())
     messages = [message_for(run) for job in made for run in deps.store.list_runs(job.job_id)]
-    started = start_many(messages, deps, owner=worker.owner, session_id=worker.session.session_id)
-    for run in started:
-        assert isinstance(run, Run) and run.session_id == worker.session.session_id
-        worker.session.hold(run)
     counted.take()
-    # When a heartbeat interval passes and the session renews
+    started = [
+        r for r in start_many(messages, deps, owner="w1", session_id=session.session_id) if isinstance(r, Run)
+    ]
+    assert len(started) == 3 and all(r.session_id == session.session_id for r in started)
+    for run in started:
+        session.hold(run)
+    counted.take()
+    # When the first heartbeat interval passes: the runs' own leases (30 s) last two more beats, so the
+    # beat only reads them (for cancels and fences)
     clock.advance(deps.settings.heartbeat_seconds)
-    worker.session.beat()
+    assert session.due()
+    session.beat()
+    assert ops(counted.take()) == {"dynamodb BatchGetItem": 1}
+    # And at the next one their leases end within two beats: one UpdateItem (1 WRU: the session item is
+    # under 1 KB) renews all three, not a write per run; a 60 s run's row is written as often as a 1 s run's
+    clock.advance(deps.settings.heartbeat_seconds + 0.5)
+    session.beat()
     beat = counted.take()
-    # Then one UpdateItem (1 WRU: the session item is under 1 KB) and one BatchGetItem of its runs, not a
-    # write per run: a 60 s run's row is written exactly as often as a 1 s run's
     assert ops(beat) == {"dynamodb UpdateItem test-runs": 1, "dynamodb BatchGetItem": 1}
     assert wru(beat) == 1
-    assert worker.session.renewals == 1
-    assert all(worker.session.lost(run.run_id) is None for run in started if isinstance(run, Run))
-    [session] = deps.store.get_sessions([worker.session.session_id]).values()
-    assert sorted(session.runs) == sorted(run.run_id for run in started if isinstance(run, Run))
+    assert session.renewals == 1
+    assert all(session.lost(run.run_id) is None for run in started)
+    [stored] = deps.store.get_sessions([session.session_id]).values()
+    assert sorted(stored.runs) == sorted(run.run_id for run in started)
 
 
 def test_a_tick_sends_its_claims_messages_ten_to_a_batch_request(

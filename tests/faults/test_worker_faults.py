@@ -194,6 +194,63 @@ def test_a_paused_worker_whose_task_ended_meanwhile_has_its_finish_rejected(
     assert run_problems(run, effects.of(run["run_id"])) == []
 
 
+def test_a_worker_stopped_past_its_session_lease_has_every_run_it_held_fenced_and_retried(
+    stack: Stack, effects: Effects
+) -> None:
+    # Given four runs whose first attempts take 3 s (later ones 1 s), spread over the tier's two workers of
+    # four slots: one worker holds at least two of them under its session
+    script = '[ "$DUETIME_ATTEMPT" = 1 ] && sleep 3; sleep 1'
+    job_ids = [
+        _submit(stack, effects.command(script), retry={"max_attempts": 3, "backoff_seconds": 0})
+        for _ in range(4)
+    ]
+    firsts = wait_for(
+        "every attempt 1 running",
+        lambda: found if all(found := [_running(stack, j, 1) for j in job_ids]) else None,
+    )
+    by_worker: dict[int, list[str]] = {}
+    for job_id, first in zip(job_ids, firsts, strict=True):
+        assert first is not None
+        by_worker.setdefault(worker_pid(first), []).append(job_id)
+    worker, held = max(by_worker.items(), key=lambda item: len(item[1]))
+    assert len(held) >= 2
+    tokens = {j: f["fencing_token"] for j, f in zip(job_ids, firsts, strict=True) if f is not None}
+    # When that worker is stopped (SIGSTOP) until another attempt has finished each of its runs
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        wait_for(
+            "attempt 2 of each of its runs to succeed",
+            lambda: all(
+                any(r["attempt"] >= 2 and r["state"] == "SUCCEEDED" for r in runs_of(stack, j)) for j in held
+            ),
+            timeout=40,
+        )
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    # Then every run it held was fenced (attempt 1 worker_lost) and retried elsewhere, and each of its late
+    # finishes (the tasks exited 0 while it slept) is recorded as rejected under its old token, never applied
+    for job_id in held:
+        [run] = wait_for(
+            f"the stale finish of {job_id} to be recorded",
+            lambda job_id=job_id: [  # type: ignore[misc]
+                r
+                for r in runs_of(stack, job_id)
+                if any(e["kind"] == "stale_finish_rejected" for e in r["events"])
+            ],
+            timeout=20,
+        )
+        [event] = [e for e in run["events"] if e["kind"] == "stale_finish_rejected"]
+        assert event["detail"]["fencing_token"] == tokens[job_id]
+        assert (run["state"], run["attempts"][0]["reason"]) == ("SUCCEEDED", "worker_lost")
+        assert _later_attempts_ok(run)
+        assert run_problems(run, effects.of(run["run_id"])) == []
+    # And the worker lives on, and the stack still runs new work
+    assert alive(worker)
+    again = _submit(stack, effects.command("sleep 0.2"))
+    [done] = wait_for("a new run to finish", lambda: settled(stack, again), timeout=30)
+    assert done["state"] == "SUCCEEDED"
+
+
 def _each_attempt_ran_once(run: dict[str, Any], executed: list[tuple[int, int]]) -> None:
     """Exactly one execution per attempt the run recorded; a repeated attempt only after a lost lease."""
     assert run_problems(run, executed) == []

@@ -176,7 +176,7 @@ def test_with_a_pending_grace_longer_than_the_lease_a_run_waiting_is_still_looke
 def _in_session(deps: Deps, clock, count: int = 1) -> tuple[WorkerSession, list[Run]]:
     """``count`` run-now runs started by one worker session and held by it."""
     session = WorkerSession(deps, "w1", monotonic=lambda: clock.now().timestamp())
-    session_id = session.open()
+    session_id = session.session_id
     started = []
     for _ in range(count):
         run = runs.start(message_for(_submitted(deps)), deps, owner="w1", session_id=session_id)
@@ -203,16 +203,19 @@ def test_a_long_run_held_by_a_live_session_is_never_written_while_it_runs(deps: 
             assert (result.leases_expired, result.rewatched, result.sessions_revoked) == (0, 0, 0)
     # Then the run's row is as its start wrote it (no heartbeat, no rewatch), still RUNNING under its token
     assert _row_writes(deps, run) == run
-    assert session.renewals == 60 and session.lost(run.run_id) is None
+    # (the first beat only reads the run: its own lease of 30 s lasted two more beats)
+    assert session.renewals == 59 and session.lost(run.run_id) is None
 
 
 def test_a_dead_workers_session_is_revoked_and_every_run_it_held_fails_within_the_lease_and_a_sweep(
     deps: Deps, clock
 ) -> None:
-    # Given a worker session holding two runs, renewed at T0 + 10 s, then the worker dies
+    # Given a worker session holding two runs, renewed at T0 + 15 s (their own leases end within two
+    # beats), then the worker dies
     session, held = _in_session(deps, clock, count=2)
-    clock.advance(10)
+    clock.advance(15)
     session.beat()
+    assert session.renewals == 1
     # Then nothing happens before the session's lease (30 s from the renewal) ends...
     clock.advance(29.999)
     assert sum(sweep(s, deps).leases_expired for s in range(deps.settings.shard_count)) == 0
@@ -228,9 +231,11 @@ def test_a_dead_workers_session_is_revoked_and_every_run_it_held_fails_within_th
         assert now.attempts[0].reason == "worker_lost"
         assert now.error == "worker lost: its session was not renewed"
     # And the worker, were it only paused, has its renewal refused and every run marked lost
+    old_id = session.session_id
+    clock.advance(10)
     session.beat()
     assert all(session.lost(run.run_id) is not None for run in held)
-    assert session.session_id is None
+    assert session.session_id != old_id  # its next starts are under a new session
 
 
 def test_a_run_its_live_session_no_longer_lists_fails_alone(deps: Deps, clock) -> None:

@@ -788,16 +788,19 @@ SESSION_RETAIN_SECONDS = 86_400
 
 @dataclass(frozen=True)
 class Session:
-    """A worker session (DESIGN.md section 5): the lease on every run its worker process holds.
+    """A worker session (DESIGN.md section 5): the lease on every run its worker process holds past the
+    run's own lease.
 
-    The worker opens it at its start and renews it every ``heartbeat_seconds`` with the ids of the runs it
-    holds (``runs``), whatever their number: one write per worker per interval instead of one per run. A
-    RUNNING run started under it (``Run.session_id``) is held while :func:`session_holds` says so; once the
-    sweeper finds it expired it revokes it (``revoked_at``), and the worker's next renewal is refused.
+    A run started by a container worker records the worker's session id (``Run.session_id``). While it
+    holds a run its own lease no longer covers for long, the worker renews the session every
+    ``heartbeat_seconds`` with the ids of every run it holds (``runs``): one write per worker per interval,
+    whatever it runs. A RUNNING run is held while :func:`~duetime.domain.lifecycle.lease_held` says so;
+    the sweeper revokes an expired (or never written) session before it expires any of its runs, and a
+    revoked session is never renewed again.
 
     Attributes:
         session_id: a random id (``uuid4().hex``), new at each worker start and after a refused renewal.
-        owner: the worker's id (the runs' ``lease_owner``).
+        owner: the worker's id (the runs' ``lease_owner``; empty for a session revoked before it was written).
         expires_at: UTC; the last renewal's time + ``lease_seconds``.
         runs: the run ids (``<job_id>.<due epoch ms>``) the worker held at its last renewal.
         revoked_at: UTC, set once by the sweeper that found the session expired; never cleared.
@@ -810,7 +813,7 @@ class Session:
     revoked_at: datetime | None = None
 
     def alive(self, now: datetime) -> bool:
-        """Whether it may still be renewed and holds its runs: not revoked and not expired at ``now``."""
+        """Whether it holds the runs it lists at ``now`` (UTC): not revoked and not expired."""
         return self.revoked_at is None and self.expires_at > now
 
 

@@ -306,26 +306,25 @@ class RunStore(Protocol):
 
 
 class SessionStore(Protocol):
-    """Worker sessions (:class:`~duetime.domain.models.Session`, DESIGN.md section 5): one row per worker
-    process, renewed every ``heartbeat_seconds``; every write is conditional. (On DynamoDB they are items of
-    the runs table under reserved keys no job id can take.)"""
-
-    def open_session(self, session: Session) -> None:
-        """Store a new session. Raises ConflictError if its id is taken (ids are random: a repeat)."""
+    """Worker sessions (:class:`~duetime.domain.models.Session`, DESIGN.md section 5): one item per worker
+    process, written only while it holds a run its own lease no longer covers; every write is conditional.
+    (On DynamoDB they are items of the runs table under reserved keys no job id can take.)"""
 
     def renew_session(
-        self, session_id: str, *, runs: Sequence[str], expires_at: datetime, now: datetime
+        self, session_id: str, *, owner: str, runs: Sequence[str], expires_at: datetime
     ) -> Session | None:
-        """Set the session's ``runs`` and ``expires_at`` while it is alive at ``now`` (not revoked, not
-        expired); the session as now stored, or None: it is gone, revoked or expired (the worker is fenced
-        from every run it held and must stop their tasks)."""
+        """Create the session, or set its ``owner``, ``runs`` and ``expires_at``, unless it is revoked: the
+        session as now stored, or None (revoked: the worker is fenced from every run it held and must stop
+        their tasks). An expired session that is not revoked is renewed: the sweeper revokes a session
+        before it expires any of its runs, so none of them was expired."""
 
     def get_sessions(self, session_ids: Sequence[str]) -> dict[str, Session]:
-        """The sessions of ``session_ids`` that exist; strongly consistent."""
+        """The sessions of ``session_ids`` that exist (revoked ones included); strongly consistent."""
 
     def revoke_session(self, session_id: str, *, now: datetime) -> bool:
-        """Mark the session revoked at ``now`` if it expired by then (or was revoked before): True if it is
-        revoked now (or no longer exists), False if it is alive (renewed meanwhile: nothing written)."""
+        """Revoke the session at ``now`` if it expired by then or does not exist (a revoked item is left, so
+        a later renewal is refused); True if it is revoked now (or was before), False if it is alive
+        (renewed meanwhile: nothing written)."""
 
 
 class Store(JobStore, RunStore, SessionStore, Protocol):

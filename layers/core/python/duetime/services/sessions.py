@@ -1,19 +1,21 @@
 """A worker's session: one lease for every run it holds, renewed once per heartbeat interval (DESIGN.md
 section 5, "Worker sessions").
 
-A container worker opens a session (:class:`~duetime.domain.models.Session`) before its first start and
-records its id on each run it starts (``Run.session_id``). Every ``heartbeat_seconds`` it renews it: one
-conditional write listing the run ids it holds, whatever their number (a per-run heartbeat wrote each run's
-row instead, and a 60 s run cost 8 write units more than a 1 s run). In the same beat it reads its runs'
-rows (one batch read, read units only) to learn which were cancelled or fenced (their state or fencing token
-changed), and marks those lost: their slots kill the tasks and do not finish them.
+A container worker has one session id at a time (``Run.session_id`` of each run it starts). A run's own
+lease (``lease_seconds`` from its start) covers it first; only a run held longer than that less two
+heartbeat intervals needs the session. So every ``heartbeat_seconds``, while it holds runs, the worker reads
+their rows (one batch read, read units only) to learn which were cancelled or fenced (their state or
+fencing token changed), marking those lost: their slots kill the tasks and do not finish them; and only if
+some held run needs it, it writes the session (created at its first renewal) with the ids of every run it
+holds: one write per worker per interval, whatever it runs (a per-run heartbeat wrote each run's row; a 60 s
+run cost 8 write units more than a 1 s run). A worker that only runs short tasks never writes its session.
 
 The sweeper expires a RUNNING run of a session only once both the run's own lease (from its start) has
 passed and the session no longer holds it (:func:`~duetime.domain.lifecycle.lease_held`): expired, revoked,
 gone, or its last renewal did not list the run. An expired session is revoked first, so:
 
-- a renewal the store refuses (revoked or expired) fences the worker from every run it held: all are marked
-  lost at once, and the next start opens a new session;
+- a renewal the store refuses (revoked) fences the worker from every run it held: all are marked lost at
+  once, and its next starts are under a new session id;
 - a worker that cannot renew (store unreachable) stops its tasks once its own clock passes the end of its
   last renewal's lease (:meth:`WorkerSession.lost`): it cannot know whether the sweeper expired them. A
   worker resumed after a SIGSTOP longer than the lease finds this before its first write, within the half
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from duetime.config.observability import logger
-from duetime.domain.models import Run, RunState, Session
+from duetime.domain.models import Run, RunState
 from duetime.services.deps import Deps
 
 #: a renewal that failed (a fault of the store) is tried again this soon, seconds (within the lease)
@@ -55,6 +57,8 @@ class _Held:
     due_at: datetime
     attempt: int
     fencing_token: int
+    #: by the session's ``monotonic``: when the run's own lease ends (``lease_seconds`` after its start)
+    until: float
 
 
 class WorkerSession:
@@ -87,39 +91,30 @@ class WorkerSession:
         self._held: dict[str, _Held] = {}
         #: held runs found lost (fenced, cancelled, or the session ended), by run id, until released
         self._lost: dict[str, Lost] = {}
-        #: the open session's id (None: none open; the next start opens one)
-        self.session_id: str | None = None
-        #: by ``monotonic``: when the lease of the last successful renewal (or the open) ends
+        #: the id the worker's starts record (a new one after a refused renewal)
+        self.session_id = new_id()
+        #: by ``monotonic``: when the lease of the last successful renewal ends (0: never renewed)
         self._valid_until = 0.0
-        #: by ``monotonic``: when the next renewal is due
+        #: by ``monotonic``: when the next beat is due (while runs are held)
         self.next_beat = 0.0
+        #: renewals written so far (a worker running only short tasks writes none)
         self.renewals = 0
 
-    # ---- the session's id, for the starts -------------------------------------------------------------
-    def open(self) -> str:
-        """The open session's id, opening a new session first if none is (or its lease ended by the
-        worker's clock). Raises what the store raised (a start then fails: its message comes back)."""
-        mono = self._monotonic()
-        if self.session_id is not None and mono < self._valid_until:
-            return self.session_id
-        if self.session_id is not None:
-            self._fence_all("its session's lease ended without a renewal")
-        session_id = self._new_id()
-        lease = self.deps.settings.lease_seconds
-        self.deps.store.open_session(
-            Session(session_id, self.owner, self.deps.clock.now() + timedelta(seconds=lease))
-        )
-        self.session_id = session_id
-        self._valid_until = mono + lease
-        self.next_beat = mono + self.deps.settings.heartbeat_seconds
-        logger.info("worker session opened", extra={"session_id": session_id, "owner": self.owner})
-        return session_id
+    def now(self) -> float:
+        """The session's ``monotonic`` clock, seconds (a start's ``since``)."""
+        return self._monotonic()
 
     # ---- the runs it holds ----------------------------------------------------------------------------
-    def hold(self, run: Run) -> None:
-        """Count a run just started under the session as held (listed at the next renewal)."""
+    def hold(self, run: Run, *, since: float | None = None) -> None:
+        """Count a run just started under the session as held; ``since`` (by ``monotonic``, default now) is
+        when its start was asked for: its own lease runs ``lease_seconds`` from no later than that. The first
+        run held after none were puts the next beat one interval ahead."""
+        mono = self._monotonic()
+        until = (mono if since is None else since) + self.deps.settings.lease_seconds
         with self._lock:
-            self._held[run.run_id] = _Held(run.job_id, run.due_at, run.attempt, run.fencing_token)
+            if not self._held:
+                self.next_beat = mono + self.deps.settings.heartbeat_seconds
+            self._held[run.run_id] = _Held(run.job_id, run.due_at, run.attempt, run.fencing_token, until)
             self._lost.pop(run.run_id, None)
 
     def release(self, run_id: str) -> None:
@@ -134,61 +129,66 @@ class WorkerSession:
 
     def lost(self, run_id: str) -> Lost | None:
         """Why the held run ``run_id`` is no longer the worker's, or None while it is: marked lost by a beat,
-        or the session's lease ended by the worker's own clock without a renewal (a long pause, or the
-        store unreachable for a whole lease)."""
+        or, by the worker's own clock, both its own lease and the session's last renewal ended (a long
+        pause, or the store unreachable for a whole lease): it cannot know whether the sweeper expired it."""
         with self._lock:
             lost = self._lost.get(run_id)
-            if lost is None and run_id in self._held and self._monotonic() >= self._valid_until:
-                lost = self._lost[run_id] = Lost("its session's lease ended without a renewal")
+            held = self._held.get(run_id)
+            if lost is None and held is not None and self._monotonic() >= max(self._valid_until, held.until):
+                lost = self._lost[run_id] = Lost("its lease ended without a renewal of its session")
             return lost
 
     def _fence_all(self, why: str) -> None:
         with self._lock:
             for run_id in self._held:
                 self._lost.setdefault(run_id, Lost(why))
-        self.session_id = None
+        self.session_id = self._new_id()
+        self._valid_until = 0.0
 
     # ---- the beat -------------------------------------------------------------------------------------
     def due(self) -> bool:
-        """Whether a renewal is due (an open session's ``next_beat`` has come)."""
-        return self.session_id is not None and self._monotonic() >= self.next_beat
+        """Whether a beat is due: runs are held and ``next_beat`` has come."""
+        with self._lock:
+            held = bool(self._held)
+        return held and self._monotonic() >= self.next_beat
 
     def beat(self) -> None:
-        """Renew the session, listing the held runs, then read them and mark those lost whose state or
-        fencing token changed (cancelled, fenced by the timeout handler, expired by the sweeper). A refused
-        renewal marks every held run lost and closes the session (the next start opens another); a fault
-        is logged and the renewal tried again after :data:`RENEW_RETRY_SECONDS`. Never raises."""
-        session_id = self.session_id
-        if session_id is None:
-            return
+        """Look at the held runs and, if one needs it, renew the session (see the module docstring): mark
+        lost the runs whose state or fencing token changed (cancelled, fenced by the timeout handler,
+        expired by the sweeper); a refused renewal (revoked) marks every held run lost and takes a new
+        session id. A fault is logged and the beat tried again after :data:`RENEW_RETRY_SECONDS`. Never
+        raises."""
         mono = self._monotonic()
         settings = self.deps.settings
         with self._lock:
             held = dict(self._held)
-        now = self.deps.clock.now()
+        if not held:
+            return
+        self.next_beat = mono + settings.heartbeat_seconds
+        self._look(held)
+        if not any(h.until - mono < 2 * settings.heartbeat_seconds for h in held.values()):
+            return  # every held run's own lease lasts two more beats: no write needed yet
+        session_id = self.session_id
         try:
             renewed = self.deps.store.renew_session(
                 session_id,
+                owner=self.owner,
                 runs=sorted(held),
-                expires_at=now + timedelta(seconds=settings.lease_seconds),
-                now=now,
+                expires_at=self.deps.clock.now() + timedelta(seconds=settings.lease_seconds),
             )
-        except Exception as exc:  # noqa: BLE001 - retried soon; the lease's end by our clock is the limit
+        except Exception as exc:  # noqa: BLE001 - tried again soon; the lease's end by our clock is the limit
             self._log_failure("renewing the worker session failed", exc)
             self.next_beat = mono + min(RENEW_RETRY_SECONDS, settings.heartbeat_seconds)
             return
         if renewed is None:
             logger.warning(
-                "worker session revoked or expired: every task it runs is stopped",
+                "worker session revoked: every task it runs is stopped",
                 extra={"session_id": session_id, "runs": len(held)},
             )
             self._fence_all("its session was revoked (the sweeper found it expired)")
             return
         self.renewals += 1
         self._valid_until = mono + settings.lease_seconds
-        self.next_beat = mono + settings.heartbeat_seconds
-        if held:
-            self._look(held)
 
     def _look(self, held: dict[str, _Held]) -> None:
         """Read the held runs; mark lost those no longer RUNNING under the worker's token."""

@@ -28,7 +28,7 @@ action is a conditional update, so running it twice at once is safe:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from duetime.config.observability import logger
@@ -166,21 +166,21 @@ def _sweep_run(
 def _end_session_lease(
     run: Run, sessions: dict[str, Session], now: datetime, result: SweepResult, deps: Deps
 ) -> bool:
-    """A RUNNING run its worker session no longer holds: revoke the session first if it expired (so its
-    worker's next renewal is refused, and it stops every task it runs), then expire the run's lease
-    (``worker_lost``). False if the session was renewed meanwhile (looked at again at the next sweep).
-    ``sessions`` is updated, so the session's other runs in the batch do not revoke it again."""
-    assert run.session_id is not None
-    session = sessions.get(run.session_id)
-    if session is not None and session.revoked_at is None and not session.alive(now):
-        if not deps.store.revoke_session(session.session_id, now=now):
+    """A RUNNING run its worker session no longer holds: revoke the session first if it expired or was never
+    written (its worker had to renew it by now), so its worker's next renewal is refused and it stops every
+    task it runs; then expire the run's lease (``worker_lost``). False if the session was renewed meanwhile
+    (looked at again at the next sweep). ``sessions`` is updated, so the session's other runs in the batch
+    do not revoke it again."""
+    session_id = run.session_id
+    assert session_id is not None
+    session = sessions.get(session_id)
+    if session is None or (session.revoked_at is None and not session.alive(now)):
+        if not deps.store.revoke_session(session_id, now=now):
             return False
-        sessions[session.session_id] = replace(session, revoked_at=now)
+        owner = session.owner if session is not None else ""
+        sessions[session_id] = Session(session_id, owner, now, revoked_at=now)
         result.sessions_revoked += 1
-        logger.warning(
-            "worker session expired: revoked",
-            extra={"session_id": session.session_id, "owner": session.owner},
-        )
+        logger.warning("worker session expired: revoked", extra={"session_id": session_id, "owner": owner})
     expire_lease(run, deps)
     logger.warning(
         "lease expired",

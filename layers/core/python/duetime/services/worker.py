@@ -1089,7 +1089,8 @@ class Worker:
         failed (a fault: they stay held, and are tried again)."""
         messages = [r for request in starts for r in request.received]
         finishing = [e for e in batch if e.finish is not None]
-        session_id = self.session.open() if messages else None
+        session_id = self.session.session_id
+        since = self.session.now()  # the runs' own leases start no earlier than this
         started, ended = start_and_finish(
             [m.message for m in messages if m.message is not None],
             [e.finish for e in finishing if e.finish is not None],
@@ -1104,7 +1105,7 @@ class Worker:
             at += len(request.received)
             for message, outcome in zip(request.received, request.outcomes, strict=True):
                 if isinstance(outcome, Run):
-                    self.session.hold(outcome)
+                    self.session.hold(outcome, since=since)
                     handles.append(message.receipt_handle)
                 elif isinstance(outcome, StartRejectedError):
                     logger.info(

@@ -935,46 +935,26 @@ class DynamoStore:
     def _session(item: Mapping[str, Any]) -> Session:
         data = deserialize(item)
         revoked = data.get("revoked_at")
+        # a session revoked before it was ever written (its worker never needed it) has only revoked_at
+        expires = data.get("lease_expires_at") or revoked
         return Session(
             str(data[RUNS_PK]).removeprefix(SESSION_PREFIX),
-            str(data["owner"]),
-            from_iso(str(data["lease_expires_at"])),
+            str(data.get("owner") or ""),
+            from_iso(str(expires)),
             tuple(str(r) for r in data.get("runs") or ()),
             from_iso(str(revoked)) if revoked is not None else None,
         )
 
-    def open_session(self, session: Session) -> None:
-        """Store a new session (a conditional PutItem). Raises ConflictError if its id is taken."""
-        item = {
-            **deserialize(self._session_key(session.session_id)),
-            "owner": session.owner,
-            "lease_expires_at": session.expires_at,
-            "runs": list(session.runs),
-            RUNS_TTL_ATTRIBUTE: self._session_ttl(session.expires_at),
-        }
-        try:
-            self._ddb.put_item(
-                TableName=self.runs_table,
-                Item=serialize(item),
-                ConditionExpression="attribute_not_exists(job_id)",
-            )
-        except ClientError as exc:
-            if _is_condition_failure(exc):
-                raise ConflictError(f"session {session.session_id} exists") from None
-            raise
-
     def renew_session(
-        self, session_id: str, *, runs: Sequence[str], expires_at: datetime, now: datetime
+        self, session_id: str, *, owner: str, runs: Sequence[str], expires_at: datetime
     ) -> Session | None:
-        """Set ``runs`` and ``expires_at`` while the session is alive at ``now`` (one conditional UpdateItem,
-        1 WRU for a session of up to about 10 runs); None if it is gone, revoked or expired."""
+        """Create or renew the session unless it is revoked (one conditional UpdateItem: 1 WRU for a session
+        of up to about 10 runs); None if it is revoked."""
         upd = Update()
-        upd.extra_condition = (
-            f"attribute_exists({upd.name(RUNS_PK)}) AND attribute_not_exists({upd.name('revoked_at')})"
-            f" AND {upd.name('lease_expires_at')} > {upd.value('now', now)}"
-        )
+        upd.extra_condition = f"attribute_not_exists({upd.name('revoked_at')})"
         upd.sets.update(
             {
+                "owner": owner,
                 "runs": list(runs),
                 "lease_expires_at": expires_at,
                 RUNS_TTL_ATTRIBUTE: self._session_ttl(expires_at),
@@ -1005,22 +985,29 @@ class DynamoStore:
         return {session.session_id: session for session in sessions}
 
     def revoke_session(self, session_id: str, *, now: datetime) -> bool:
-        """Revoked at ``now`` if it expired by then (a conditional UpdateItem; an earlier revocation stays);
-        True if revoked (now or before) or gone, False if alive (nothing written)."""
-        upd = Update()
-        revoked = upd.name("revoked_at")
-        upd.extra_condition = (
-            f"attribute_exists({upd.name(RUNS_PK)}) AND attribute_not_exists({revoked})"
-            f" AND {upd.name('lease_expires_at')} <= {upd.value('now', now)}"
-        )
-        upd.sets["revoked_at"] = now
+        """Revoked at ``now`` if it expired by then or is absent (one conditional UpdateItem, which leaves a
+        revoked item behind; an earlier revocation stays); True if revoked (now or before), False if alive
+        (nothing written)."""
+        names = {
+            "#pk": RUNS_PK,
+            "#revoked": "revoked_at",
+            "#expires": "lease_expires_at",
+            "#ttl": RUNS_TTL_ATTRIBUTE,
+        }
+        values = serialize({":now": now, ":ttl": self._session_ttl(now)})
         try:
-            self._ddb.update_item(TableName=self.runs_table, Key=self._session_key(session_id), **upd.build())
+            self._ddb.update_item(
+                TableName=self.runs_table,
+                Key=self._session_key(session_id),
+                UpdateExpression="SET #revoked = if_not_exists(#revoked, :now), #ttl = if_not_exists(#ttl, :ttl)",
+                ConditionExpression="attribute_not_exists(#pk) OR attribute_exists(#revoked) OR #expires <= :now",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            )
         except ClientError as exc:
             if not _is_condition_failure(exc):
                 raise
-            found = self.get_sessions([session_id]).get(session_id)
-            return found is None or found.revoked_at is not None
+            return False
         return True
 
     # ---- shard leases --------------------------------------------------------------------------------

@@ -1144,39 +1144,23 @@ class SqliteStore:
             from_iso(revoked_at) if revoked_at is not None else None,
         )
 
-    def open_session(self, session: Session) -> None:
-        """Store a new session. Raises ConflictError if its id is taken."""
-        try:
-            with self.db.transaction() as conn:
-                conn.execute(
-                    "INSERT INTO sessions (session_id, owner, expires_at, revoked_at, runs, purge_at)"
-                    " VALUES (?, ?, ?, NULL, ?, ?)",
-                    (
-                        session.session_id,
-                        session.owner,
-                        to_iso(session.expires_at),
-                        json.dumps(list(session.runs)),
-                        _session_purge_at(session.expires_at),
-                    ),
-                )
-        except sqlite3.IntegrityError:
-            raise ConflictError(f"session {session.session_id} exists") from None
-
     def renew_session(
-        self, session_id: str, *, runs: Sequence[str], expires_at: datetime, now: datetime
+        self, session_id: str, *, owner: str, runs: Sequence[str], expires_at: datetime
     ) -> Session | None:
-        """Set ``runs`` and ``expires_at`` while the session is alive at ``now``; None if it is not."""
+        """Create or renew the session unless it is revoked; None if revoked."""
         with self.db.transaction() as conn:
             row = conn.execute(
-                "UPDATE sessions SET runs = ?, expires_at = ?, purge_at = ?"
-                " WHERE session_id = ? AND revoked_at IS NULL AND expires_at > ?"
+                "INSERT INTO sessions (session_id, owner, expires_at, revoked_at, runs, purge_at)"
+                " VALUES (?, ?, ?, NULL, ?, ?) ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner,"
+                " expires_at = excluded.expires_at, runs = excluded.runs, purge_at = excluded.purge_at"
+                " WHERE revoked_at IS NULL"
                 " RETURNING session_id, owner, expires_at, revoked_at, runs",
                 (
-                    json.dumps(list(runs)),
-                    to_iso(expires_at),
-                    _session_purge_at(expires_at),
                     session_id,
-                    to_iso(now),
+                    owner,
+                    to_iso(expires_at),
+                    json.dumps(list(runs)),
+                    _session_purge_at(expires_at),
                 ),
             ).fetchone()
         return self._session(row) if row is not None else None
@@ -1197,17 +1181,20 @@ class SqliteStore:
         return found
 
     def revoke_session(self, session_id: str, *, now: datetime) -> bool:
-        """Revoked at ``now`` if expired by then; True if revoked (now or before) or gone, False if alive."""
+        """Revoked at ``now`` if expired by then or absent (a revoked row is left); True if revoked (now or
+        before), False if alive."""
+        now_s = to_iso(now)
         with self.db.transaction() as conn:
             conn.execute(
-                "UPDATE sessions SET revoked_at = ? WHERE session_id = ? AND revoked_at IS NULL"
-                " AND expires_at <= ?",
-                (to_iso(now), session_id, to_iso(now)),
+                "INSERT INTO sessions (session_id, owner, expires_at, revoked_at, runs, purge_at)"
+                " VALUES (?, '', ?, ?, '[]', ?) ON CONFLICT (session_id) DO UPDATE SET revoked_at = ?"
+                " WHERE revoked_at IS NULL AND expires_at <= ?",
+                (session_id, now_s, now_s, _session_purge_at(now), now_s, now_s),
             )
             row = conn.execute(
                 "SELECT revoked_at FROM sessions WHERE session_id = ?", (session_id,)
             ).fetchone()
-        return row is None or row[0] is not None
+        return row is not None and row[0] is not None
 
     # ---- housekeeping --------------------------------------------------------------------------------
     def purge_expired(self, now: datetime | None = None) -> int:

@@ -33,6 +33,7 @@ import boto3
 import pytest
 
 from duetime.adapters.aws.dynamodb import deserialize, run_from_item
+from duetime.adapters.aws.resources import SESSION_PREFIX
 from duetime.domain.lifecycle import message_for
 from duetime.domain.models import Run, RunMessage
 from duetime.local.stack import LOCAL_AWS_ENV
@@ -176,7 +177,11 @@ class StackAws:
         items, kwargs = [], {"TableName": self.state["tables"]["runs"], "ConsistentRead": True}
         while True:
             out = ddb.scan(**kwargs)
-            items += [deserialize(i) for i in out["Items"]]
+            items += [
+                item
+                for item in (deserialize(i) for i in out["Items"])
+                if not str(item["job_id"]).startswith(SESSION_PREFIX)  # (not worker sessions)
+            ]
             if "LastEvaluatedKey" not in out:
                 return items
             kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]

@@ -356,7 +356,7 @@ class SimWorker(Worker):
             if now >= deadline:
                 return TaskOutcome(exit_code=-15, timed_out=True, lease_lost=False)
             if session.due():
-                session.beat()  # a fault of the renewal is retried soon (as Worker does)
+                self.beat_inline()  # a fault of the renewal is retried soon (as Worker does)
             lost = session.lost(run.run_id)
             if lost is not None:
                 now_state = sim.rows.get((run.job_id, to_iso(run.due_at)), {})

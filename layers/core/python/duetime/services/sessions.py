@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from duetime.config.observability import logger
-from duetime.domain.models import Run, RunState
+from duetime.domain.models import Run, RunState, run_id_for
 from duetime.services.deps import Deps
 
 #: a renewal that failed (a fault of the store) is tried again this soon, seconds (within the lease)
@@ -91,6 +91,8 @@ class WorkerSession:
         self._held: dict[str, _Held] = {}
         #: held runs found lost (fenced, cancelled, or the session ended), by run id, until released
         self._lost: dict[str, Lost] = {}
+        #: starts whose outcome is unknown (a fault of that write), by run id: (key, attempt, session id, ref)
+        self._unsure: dict[str, tuple[str, datetime, int, str, object]] = {}
         #: the id the worker's starts record (a new one after a refused renewal)
         self.session_id = new_id()
         #: by ``monotonic``: when the lease of the last successful renewal ends (0: never renewed)
@@ -124,8 +126,17 @@ class WorkerSession:
             self._lost.pop(run_id, None)
 
     def holding(self) -> int:
+        """How many runs the session holds, counting the starts whose outcome is not known yet."""
         with self._lock:
-            return len(self._held)
+            return len(self._held) + len(self._unsure)
+
+    def unsure(self, job_id: str, due_at: datetime, attempt: int, ref: object) -> None:
+        """A start of ``attempt`` under the current session whose outcome is unknown (a fault of its write:
+        it may have been applied). The next beat reads the run: if it is RUNNING under this session at
+        that attempt, nothing runs it, and :meth:`beat` returns ``ref`` with it so the worker hands it back
+        (never left held by a session that lists it to no one)."""
+        with self._lock:
+            self._unsure[run_id_for(job_id, due_at)] = (job_id, due_at, attempt, self.session_id, ref)
 
     def lost(self, run_id: str) -> Lost | None:
         """Why the held run ``run_id`` is no longer the worker's, or None while it is: marked lost by a beat,
@@ -147,27 +158,26 @@ class WorkerSession:
 
     # ---- the beat -------------------------------------------------------------------------------------
     def due(self) -> bool:
-        """Whether a beat is due: runs are held and ``next_beat`` has come."""
-        with self._lock:
-            held = bool(self._held)
-        return held and self._monotonic() >= self.next_beat
+        """Whether a beat is due: runs are held (or starts unsure) and ``next_beat`` has come."""
+        return self.holding() > 0 and self._monotonic() >= self.next_beat
 
-    def beat(self) -> None:
+    def beat(self) -> list[tuple[object, Run]]:
         """Look at the held runs and, if one needs it, renew the session (see the module docstring): mark
         lost the runs whose state or fencing token changed (cancelled, fenced by the timeout handler,
         expired by the sweeper); a refused renewal (revoked) marks every held run lost and takes a new
         session id. A fault is logged and the beat tried again after :data:`RENEW_RETRY_SECONDS`. Never
-        raises."""
+        raises. Returns the starts found applied after all (:meth:`unsure`): each one's ``ref`` and the run
+        as stored, for the worker to hand back."""
         mono = self._monotonic()
         settings = self.deps.settings
         with self._lock:
-            held = dict(self._held)
-        if not held:
-            return
+            held, unsure = dict(self._held), dict(self._unsure)
+        if not held and not unsure:
+            return []
         self.next_beat = mono + settings.heartbeat_seconds
-        self._look(held)
+        orphans = self._look(held, unsure)
         if not any(h.until - mono < 2 * settings.heartbeat_seconds for h in held.values()):
-            return  # every held run's own lease lasts two more beats: no write needed yet
+            return orphans  # every held run's own lease lasts two more beats: no write needed yet
         session_id = self.session_id
         try:
             renewed = self.deps.store.renew_session(
@@ -179,24 +189,44 @@ class WorkerSession:
         except Exception as exc:  # noqa: BLE001 - tried again soon; the lease's end by our clock is the limit
             self._log_failure("renewing the worker session failed", exc)
             self.next_beat = mono + min(RENEW_RETRY_SECONDS, settings.heartbeat_seconds)
-            return
+            return orphans
         if renewed is None:
             logger.warning(
                 "worker session revoked: every task it runs is stopped",
                 extra={"session_id": session_id, "runs": len(held)},
             )
             self._fence_all("its session was revoked (the sweeper found it expired)")
-            return
+            return orphans
         self.renewals += 1
         self._valid_until = mono + settings.lease_seconds
+        return orphans
 
-    def _look(self, held: dict[str, _Held]) -> None:
-        """Read the held runs; mark lost those no longer RUNNING under the worker's token."""
+    def _look(
+        self, held: dict[str, _Held], unsure: dict[str, tuple[str, datetime, int, str, object]]
+    ) -> list[tuple[object, Run]]:
+        """Read the held runs and the unsure starts' runs; mark lost the held ones no longer RUNNING under
+        the worker's token; return the unsure starts that were applied (RUNNING under their session at
+        their attempt, lease owner this worker), forgetting the others."""
+        keys = [(h.job_id, h.due_at) for h in held.values()] + [(u[0], u[1]) for u in unsure.values()]
         try:
-            rows = self.deps.store.get_runs([(h.job_id, h.due_at) for h in held.values()])
+            rows = self.deps.store.get_runs(keys)
         except Exception as exc:  # noqa: BLE001 - looked at again at the next beat
             self._log_failure("reading the worker's runs failed", exc)
-            return
+            return []
+        orphans: list[tuple[object, Run]] = []
+        for run_id, (job_id, due_at, attempt, session_id, ref) in unsure.items():
+            row = rows.get((job_id, due_at))
+            with self._lock:
+                self._unsure.pop(run_id, None)
+            if (
+                row is not None
+                and row.state is RunState.RUNNING
+                and row.attempt == attempt
+                and row.session_id == session_id
+                and row.lease_owner == self.owner
+                and run_id not in held
+            ):
+                orphans.append((ref, row))
         for run_id, mine in held.items():
             row = rows.get((mine.job_id, mine.due_at))
             if row is not None and row.state is RunState.RUNNING and row.fencing_token == mine.fencing_token:
@@ -208,6 +238,7 @@ class WorkerSession:
             with self._lock:
                 if run_id in self._held:
                     self._lost.setdefault(run_id, lost)
+        return orphans
 
     def _log_failure(self, what: str, exc: Exception) -> None:
         if self.deps.unreachable(exc):

@@ -114,6 +114,11 @@ END_RETRIES = 5
 MAX_WRITE_BATCH = 50
 #: While the session holds early deliveries, it looks this often (seconds) whether the worker was told to stop
 HOLD_LOOK_SECONDS = 0.1
+#: The error of an attempt handed back because its start's write failed but was applied (nothing ran it)
+LOST_START_ERROR = "worker lost its start (a fault of the write)"
+#: How long the message of a started (or dropped) run may wait to be deleted with the next write's ends,
+#: seconds (one DeleteMessageBatch for both; far under the queue's visibility timeout)
+DELETE_LINGER_SECONDS = 5.0
 #: How often the receive loop looks for a free slot (or the stop flag) while every slot is busy, seconds
 SLOT_WAIT_SECONDS = 0.1
 #: how often the log thread, waiting for more ends to pack (:meth:`Worker._gather_logs`), looks whether any
@@ -476,6 +481,9 @@ class Worker:
         self.session = WorkerSession(deps, self.owner)
         #: whether the slots renew the session themselves (poll_once, process: no session thread runs)
         self._beats_inline = True
+        #: receipt handles of started and dropped messages not deleted yet, with when they were added
+        #: (time.monotonic()): deleted with the next write's ends, or after DELETE_LINGER_SECONDS
+        self._deletes: list[tuple[str, float]] = []
 
     # ---- the receive loop ------------------------------------------------------------------------------
     def run_forever(self, *, wait_seconds: int = 2) -> None:
@@ -605,18 +613,19 @@ class Worker:
                 thread.start()
             except BaseException:
                 self._release(slot)
-                self._give_back(message)
                 raise
             slot.thread = thread
         slot.inbox.put((run, message))
 
-    def _handed_back(self, run: Run) -> Finish:
-        """The end of ``run``'s attempt, started but not run, as a worker told to stop records it."""
+    def _handed_back(self, run: Run, *, error: str = "worker stopped") -> Finish:
+        """The end of ``run``'s attempt, started but not run (or not to its end: its slot failed), as a worker
+        told to stop records it: the run goes back to its queue at once without using up an attempt (at most
+        MAX_FREE_INTERRUPTIONS times)."""
         return Finish(
             run,
             run.fencing_token,
             RunState.FAILED,
-            error="worker stopped",
+            error=error,
             reason=INTERRUPTED_REASON,
             ended_at=self.deps.clock.now(),
         )
@@ -635,10 +644,11 @@ class Worker:
             if item is None:
                 return
             run, message = item
+            ended: _Ended | None = None
             try:
                 if self.stopping.is_set():
                     # told to stop since the start: hand the run back without starting its task
-                    ended: _Ended | None = _Ended(message, self._handed_back(run), _STOPPED)
+                    ended = _Ended(message, self._handed_back(run), _STOPPED)
                 else:
                     ended = self._deliver(run, message)
                 if ended is not None:
@@ -646,6 +656,12 @@ class Worker:
                 slot.failures = 0
             except Exception as exc:  # noqa: BLE001 - a slot must outlive transient faults
                 slot.failures += 1
+                if ended is None:
+                    # the run started and its message is gone: hand it back now (retried at once), never
+                    # leave it held by the session with nothing running it
+                    self._writes.put(
+                        _Ended(message, self._handed_back(run, error=f"worker failed: {exc}"), _STOPPED)
+                    )
                 if not self.stopping.is_set():
                     self._log_failure("worker slot failed", exc)
                     self.stopping.wait(min(30.0, 0.5 * 2 ** min(slot.failures, 6)))
@@ -678,9 +694,12 @@ class Worker:
             timeout = max(0.0, min(item.ready_at for item in waiting) - now) if waiting else None
             if timeout is not None and any(isinstance(item, _Starts) for item in waiting):
                 timeout = min(timeout, HOLD_LOOK_SECONDS)
-            if session.session_id is not None:  # the session's renewal is due then
-                beat_in = max(0.0, session.next_beat - now)
+            if session.holding():  # the session's beat is due then (by the session's clock)
+                beat_in = max(0.0, session.next_beat - session.now())
                 timeout = beat_in if timeout is None else min(timeout, beat_in)
+            if self._deletes:  # and the waiting deletes then
+                flush_in = max(0.0, self._deletes[0][1] + DELETE_LINGER_SECONDS - now)
+                timeout = flush_in if timeout is None else min(timeout, flush_in)
             batch: list[_Starts | _Ended] = []
             done = False
             try:
@@ -713,7 +732,8 @@ class Worker:
                 (ready if leaving or due else held).append(item)
             waiting = held + list(self._apply(ready) if ready else [])
             if session.due():
-                session.beat()
+                self._hand_back_orphans(session.beat())
+            self._flush_deletes(force=done)
             if done:
                 return
 
@@ -781,8 +801,11 @@ class Worker:
             if isinstance(outcome, Run):
                 try:
                     self._dispatch(slot, outcome, message)
-                except Exception as exc:  # noqa: BLE001 - no thread: the message came back, the slot is free
+                except Exception as exc:  # noqa: BLE001 - no thread (the slot is free): the run goes back
                     self._log_failure("starting a slot failed", exc)
+                    self._writes.put(
+                        _Ended(message, self._handed_back(outcome, error=f"worker failed: {exc}"), _STOPPED)
+                    )
                 continue
             if not isinstance(outcome, StartRejectedError):
                 self._start_fault = self._start_fault or outcome
@@ -1083,7 +1106,7 @@ class Worker:
         """Apply the starts of ``starts`` and the ends of ``batch`` together (:func:`start_and_finish`),
         then delete in one batch the messages of every start applied or refused (a started run's message is
         no longer needed: the run row and the worker session hold it from then on; a duplicate or stale one
-        is dropped). The starts are made under the worker session (opened first if none is) and held by it;
+        is dropped). The starts are made under the worker session and held by it;
         an end recorded (or refused as stale) is released. Sets each request's outcomes and each end's
         ``recorded`` (the run as finished, or None: its lease was lost); returns the ends whose record
         failed (a fault: they stay held, and are tried again)."""
@@ -1112,6 +1135,10 @@ class Worker:
                         "duplicate or stale message dropped", extra={"run_id": outcome_run_id(message)}
                     )
                     handles.append(message.receipt_handle)
+                elif message.message is not None:
+                    # a fault: the start may have been applied; the session's next beat finds out
+                    run_message = message.message
+                    self.session.unsure(run_message.job_id, run_message.due_at, run_message.attempt, message)
         outcomes = dict(zip((id(e) for e in finishing), ended, strict=True))
         failed: list[_Ended] = []
         for item in batch:
@@ -1125,9 +1152,55 @@ class Worker:
             self._release_run(item)
             if item.finish is not None:
                 self._echo(item.finish, end)
-        if handles:
-            self.deps.queues.delete_batch(self.tier, handles)
+        now = time.monotonic()
+        self._deletes.extend((handle, now) for handle in handles)
+        # the started and dropped messages go out with the next write's ends (one request for both), or
+        # once the oldest has waited DELETE_LINGER_SECONDS; at once without a session thread (poll_once)
+        self._flush_deletes(force=bool(batch) or self._beats_inline)
         return failed
+
+    def _flush_deletes(self, *, force: bool = False) -> None:
+        """Delete the messages waiting for it (:attr:`_deletes`) in one batch: now if ``force`` or the
+        oldest has waited :data:`DELETE_LINGER_SECONDS`, or there are a request's worth. A message not
+        deleted comes back after its visibility timeout and its start is refused (the run moved on)."""
+        if not self._deletes:
+            return
+        oldest = self._deletes[0][1]
+        if not (
+            force
+            or len(self._deletes) >= MAX_RECEIVE_MESSAGES
+            or time.monotonic() - oldest >= DELETE_LINGER_SECONDS
+        ):
+            return
+        handles, self._deletes = [h for h, _ in self._deletes], []
+        try:
+            self.deps.queues.delete_batch(self.tier, handles)
+        except Exception as exc:  # noqa: BLE001 - they come back, and are dropped by the conditional start
+            self._log_failure("deleting messages failed", exc)
+
+    def _orphan_ends(self, orphans: list[tuple[object, Run]]) -> list[_Ended]:
+        """The hand-back ends of starts found applied after their write's fault (nothing runs them): each
+        run goes back to its queue at once."""
+        ends = []
+        for ref, run in orphans:
+            assert isinstance(ref, ReceivedMessage)
+            logger.warning(
+                "a start whose write failed was applied: handed back", extra={"run_id": run.run_id}
+            )
+            ends.append(_Ended(ref, self._handed_back(run, error=LOST_START_ERROR), _STOPPED))
+        return ends
+
+    def _hand_back_orphans(self, orphans: list[tuple[object, Run]]) -> None:
+        """:meth:`_orphan_ends` recorded with the session thread's next write."""
+        for ended in self._orphan_ends(orphans):
+            self._writes.put(ended)
+
+    def beat_inline(self) -> None:
+        """The session's beat without a session thread (poll_once, process, the simulation's worker): the
+        hand-backs of starts found applied are recorded at once."""
+        ends = self._orphan_ends(self.session.beat())
+        if ends:
+            self._write([], ends)
 
     def _release_run(self, ended: _Ended) -> None:
         """The worker session no longer holds ``ended``'s run (its end is known, or given up)."""
@@ -1239,7 +1312,7 @@ class Worker:
                 )
                 return TaskOutcome(exit_code=proc.returncode, timed_out=True, lease_lost=False)
             if self._beats_inline and session.due():
-                session.beat()
+                self.beat_inline()
             lost = session.lost(run.run_id)
             if lost is not None:
                 self._kill(proc, settings.kill_grace_seconds)

@@ -221,3 +221,38 @@ def test_reimporting_a_deleted_job_does_not_recreate_it_and_says_so(serve: Serve
     assert again.exit_code == 0
     assert f"already present: job {job['job_id']} (DELETED)" in again.stdout
     assert "was deleted; its id stays taken" in again.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# jobs slots: did it run?
+# --------------------------------------------------------------------------------------------------
+def test_jobs_slots_prints_each_expected_fire_with_its_outcome(serve: Serve) -> None:
+    url = serve()
+    made = Client(url).request(
+        "POST",
+        "/jobs",
+        body={
+            "name": "slots",
+            "schedule": {"expression": "rate(1 minute)", "timezone": "UTC"},
+            "task": {"kind": "container", "command": ["true"]},
+        },
+    )
+    window = ["--since", "2026-11-29T12:00:00Z", "--until", "2026-11-29T12:03:00Z", "--api", url]
+    shown = runner.invoke(app, ["jobs", "slots", made["job_id"], *window])
+    assert shown.exit_code == 0, shown.output
+    rows = [
+        [cell for cell in line.replace("│", " ").split()][:2]
+        for line in shown.output.splitlines()
+        if "2026-11-29" in line
+    ]
+    # 12:01 claimed at submit (pending), 12:02 and 12:03 not yet (upcoming); nothing at 12:00 (the submit)
+    assert rows == [
+        ["2026-11-29T12:03:00", "upcoming"],
+        ["2026-11-29T12:02:00", "upcoming"],
+        ["2026-11-29T12:01:00", "pending"],
+    ]
+    as_json = runner.invoke(app, ["jobs", "slots", made["job_id"], *window, "--json", "--limit", "2"])
+    page = json.loads(as_json.output)
+    assert [s["outcome"] for s in page["slots"]] == ["upcoming", "upcoming"] and page["next_token"]
+    missing = runner.invoke(app, ["jobs", "slots", "job-absent", "--api", url])
+    assert missing.exit_code == 3

@@ -188,6 +188,55 @@ def jobs_get(
     _out.print(_job_table([job]))
     for fire in job.get("next_fire_times", []):
         typer.echo(f"  next: {fire}")
+    lag = job.get("lag") or {}
+    if lag.get("runs"):
+        typer.echo(
+            f"  lag of the last {lag['runs']} runs: p50 {lag['p50_seconds']} s, p99 {lag['p99_seconds']} s"
+        )
+
+
+def _slot_table(found: list[dict[str, Any]]) -> Table:
+    table = Table("due (UTC)", "outcome", "state / reason", _id("run_id"), "lag s")
+    for slot in found:
+        table.add_row(
+            slot["due_at"][:19],
+            slot["outcome"],
+            slot.get("reason") or slot.get("state") or "-",
+            slot.get("run_id") or "-",
+            str(slot["lag_seconds"]) if slot.get("lag_seconds") is not None else "-",
+        )
+    return table
+
+
+@jobs_app.command("slots")
+def jobs_slots(
+    job_id: str,
+    since: Annotated[
+        str | None, typer.Option(help="due at or after (ISO-8601 with offset; default 24 h ago)")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="due at or before (ISO-8601 with offset; default in 1 h)")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+    next_token: Annotated[str | None, typer.Option()] = None,
+    api: Api = None,
+    token: Token = None,
+    sigv4: SigV4 = False,
+    as_json: AsJson = False,
+) -> None:
+    """Did it run? Each expected fire time of a job's schedule, newest first, with its outcome (ran,
+    skipped, missed, pending, upcoming)."""
+    page = _call(
+        api,
+        token,
+        sigv4,
+        "GET",
+        f"/jobs/{job_id}/slots",
+        query={"since": since, "until": until, "limit": limit, "next_token": next_token},
+    )
+    _show(page, as_json, _slot_table(page["slots"]))
+    if not as_json and page.get("next_token"):
+        typer.echo(f"more: --next-token {page['next_token']}")
 
 
 @jobs_app.command("update")

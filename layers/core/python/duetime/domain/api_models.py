@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -240,16 +241,25 @@ class JobResponse(BaseModel):
     next_fire_at: Instant | None
     next_fire_times: list[Instant] = Field(default_factory=list, description="the next few fires, UTC")
     last_run: RunSummary | None = None
+    lag: LagStats | None = Field(
+        default=None, description="GET /jobs/{id} only: the schedule lag of the job's last 100 runs"
+    )
     version: int
     created_at: Instant
     updated_at: Instant
 
     @classmethod
     def of(
-        cls, job: Job, *, next_fire_times: list[datetime] | None = None, last_run: Run | None = None
+        cls,
+        job: Job,
+        *,
+        next_fire_times: list[datetime] | None = None,
+        last_run: Run | None = None,
+        lag: LagStats | None = None,
     ) -> JobResponse:
         data = job.model_dump(exclude={"shard", "anchor", "paused_next_fire_at", "schedule_changed_at"})
         data["next_fire_times"] = next_fire_times or []
+        data["lag"] = lag.model_dump() if lag is not None else None
         if last_run is not None:
             data["last_run"] = RunSummary(
                 run_id=last_run.run_id,
@@ -260,6 +270,46 @@ class JobResponse(BaseModel):
             )
         # a stored job (read leniently) is shown as stored: submit-only rules are not applied again
         return cls.model_validate(data, context=STORED_CONTEXT)
+
+
+class LagStats(BaseModel):
+    """How late a job's recent runs started (seconds from due time to attempt 1's start)."""
+
+    runs: int = Field(description="runs that started, of the job's last 100 by due time")
+    p50_seconds: float | None = Field(description="median schedule lag, seconds; null if none started")
+    p99_seconds: float | None = Field(description="99th percentile (nearest rank), seconds; null if none")
+
+
+def lag_stats(runs: list[Run]) -> LagStats:
+    """:class:`LagStats` of ``runs`` (those that started; nearest-rank percentiles)."""
+    lags = sorted(lag for run in runs if (lag := schedule_lag(run)) is not None)
+
+    def rank(q: float) -> float | None:
+        if not lags:
+            return None
+        return lags[min(len(lags) - 1, max(0, math.ceil(q * len(lags)) - 1))]
+
+    return LagStats(runs=len(lags), p50_seconds=rank(0.50), p99_seconds=rank(0.99))
+
+
+class SlotResponse(BaseModel):
+    """One expected fire time of a job's schedule and what became of it (``GET /jobs/{id}/slots``)."""
+
+    due_at: Instant
+    outcome: Literal["ran", "skipped", "missed", "pending", "upcoming"]
+    run_id: str | None = Field(default=None, description="the run claimed for the slot, if any")
+    state: RunState | None = None
+    reason: str | None = Field(
+        default=None,
+        description="skipped/missed: why (overlap, paused, starting_deadline_exceeded, deleted, "
+        "schedule_changed, cancelled, missed); pending: held (paused) if so",
+    )
+    lag_seconds: float | None = Field(default=None, description="ran: seconds from due time to its start")
+
+
+class SlotListResponse(BaseModel):
+    slots: list[SlotResponse]
+    next_token: str | None = Field(description="pass as next_token for the next page; null on the last")
 
 
 class JobListResponse(BaseModel):

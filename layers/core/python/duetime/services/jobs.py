@@ -324,16 +324,18 @@ def preview_schedule(
 
 
 # ---- listing -------------------------------------------------------------------------------------------
-def describe_job(job: Job, deps: Deps, *, previews: int = 3) -> tuple[list[datetime], Run | None]:
-    """The job's next ``previews`` fire times (UTC) and its most recent run (one Query)."""
+def describe_job(
+    job: Job, deps: Deps, *, previews: int = 3, recent: int = 1
+) -> tuple[list[datetime], list[Run]]:
+    """The job's next ``previews`` fire times (UTC) and its ``recent`` most recent runs, newest first (one
+    Query)."""
     fires: list[datetime] = []
     schedule = schedule_of(job)
     if job.state is JobState.ACTIVE and job.next_fire_at is not None:
         fires = [job.next_fire_at]
         if schedule is not None and previews > 1:
             fires += schedule.preview(job.next_fire_at, previews - 1)
-    last = deps.store.list_runs(job.job_id, limit=1)
-    return fires, (last[0] if last else None)
+    return fires, deps.store.list_runs(job.job_id, limit=recent)
 
 
 def list_jobs(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import Response
@@ -11,7 +12,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from duetime.api.dependencies import ServiceDeps
 from duetime.api.idempotent import IdempotencyKey, once
 from duetime.api.responses import errors, ok
-from duetime.api.routers import new_router
+from duetime.api.routers import check_instant, new_router
 from duetime.api.tenancy import Tenant
 from duetime.config.deps import Deps
 from duetime.domain.api_models import (
@@ -19,22 +20,27 @@ from duetime.domain.api_models import (
     JobListResponse,
     JobResponse,
     RunResponse,
+    SlotListResponse,
+    SlotResponse,
     UpdateJobRequest,
+    lag_stats,
 )
 from duetime.domain.models import Job, JobState
-from duetime.services import jobs
+from duetime.services import jobs, slots
 
 router = new_router()
 TAGS = ["jobs"]
 
 #: Most last-run reads a job listing makes at once (a page holds up to 100 jobs, each with its own Query).
 LISTING_READERS = 8
+#: the recent runs GET /jobs/{id}'s lag figures are of (one Query)
+LAG_RUNS = 100
 
 
 def job_response(job: Job, deps: Deps) -> JobResponse:
     """The job as the API shows it: with its next fire times and its most recent run (one Query)."""
     fires, last = jobs.describe_job(job, deps)
-    return JobResponse.of(job, next_fire_times=fires, last_run=last)
+    return JobResponse.of(job, next_fire_times=fires, last_run=last[0] if last else None)
 
 
 def job_responses(found: list[Job], deps: Deps) -> list[JobResponse]:
@@ -115,9 +121,50 @@ def list_jobs(
 def get_job(job_id: str, deps: ServiceDeps, tenant: Tenant) -> JobResponse:
     """Read a job.
 
-    Its definition, state, next fire times and most recent run.
+    Its definition, state, next fire times, most recent run, and the schedule lag (p50, p99) of its last
+    100 runs.
     """
-    return job_response(jobs.get_job(job_id, tenant=tenant, deps=deps), deps)
+    job = jobs.get_job(job_id, tenant=tenant, deps=deps)
+    fires, recent = jobs.describe_job(job, deps, recent=LAG_RUNS)
+    return JobResponse.of(
+        job, next_fire_times=fires, last_run=recent[0] if recent else None, lag=lag_stats(recent)
+    )
+
+
+@router.get(
+    "/jobs/<job_id>/slots",
+    tags=TAGS,
+    responses=ok(200, SlotListResponse, "A page of the job's slots, newest due time first")
+    | errors(400, 404),
+)
+def list_slots(
+    job_id: str,
+    deps: ServiceDeps,
+    tenant: Tenant,
+    since: Annotated[
+        datetime | None, Query(description="due at or after, ISO-8601 with offset (default: 24 h ago)")
+    ] = None,
+    until: Annotated[
+        datetime | None, Query(description="due at or before, ISO-8601 with offset (default: in 1 h)")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    next_token: Annotated[str | None, Query(max_length=2048)] = None,
+) -> SlotListResponse:
+    """List a job's slots: did it run?
+
+    Every due time the job's schedule expected between `since` and `until`, newest first, with its
+    outcome: `ran` (its run id, state and lag), `skipped` (and why), `missed`, `pending` or `upcoming`.
+    Slots before the job's last schedule change are the runs recorded then; from it on, the current
+    schedule's fires. Pass the answer's `next_token` for the next page.
+    """
+    check_instant("since", since)
+    check_instant("until", until)
+    found, token = slots.list_slots(
+        job_id, tenant=tenant, deps=deps, since=since, until=until, limit=limit, next_token=next_token
+    )
+    return SlotListResponse(
+        slots=[SlotResponse.model_validate(slot, from_attributes=True) for slot in found], next_token=token
+    )
 
 
 @router.patch(

@@ -11,27 +11,14 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from duetime.api.dependencies import ServiceDeps
 from duetime.api.idempotent import IdempotencyKey, once
 from duetime.api.responses import errors, ok, text_ok
-from duetime.api.routers import new_router
+from duetime.api.routers import check_instant, new_router
 from duetime.api.tenancy import Tenant
 from duetime.domain.api_models import RunListResponse, RunResponse
-from duetime.domain.errors import RequestFieldError
-from duetime.domain.models import RunState, in_supported_range
+from duetime.domain.models import RunState
 from duetime.services import jobs
 
 router = new_router()
 TAGS = ["runs"]
-
-
-def _check_instant(name: str, value: datetime | None) -> None:
-    """A query instant must carry its UTC offset and be in the supported range (400 naming it)."""
-    if value is None:
-        return
-    if value.tzinfo is None:
-        raise RequestFieldError(f"{name}: needs a UTC offset, e.g. 2026-12-01T10:00:00Z", name)
-    try:
-        in_supported_range(value)
-    except ValueError as exc:
-        raise RequestFieldError(f"{name}: {exc}", name) from None
 
 
 @router.get(
@@ -54,8 +41,8 @@ def list_runs(
     Newest due time first, `limit` to a page, optionally of one `state` or due between `since` and `until`;
     pass the answer's `next_token` for the next page.
     """
-    _check_instant("since", since)
-    _check_instant("until", until)
+    check_instant("since", since)
+    check_instant("until", until)
     found, token = jobs.query_runs(
         job_id,
         tenant=tenant,

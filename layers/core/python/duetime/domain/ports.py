@@ -140,9 +140,12 @@ class RunStore(Protocol):
     def get_run(self, job_id: str, due_at: datetime) -> Run | None:
         """The run, or None; strongly consistent."""
 
-    def get_runs(self, keys: Sequence[tuple[str, datetime]]) -> dict[tuple[str, datetime], Run]:
-        """The runs of ``keys`` (``(job_id, due_at)``) that exist, keyed as asked; strongly consistent (a
-        worker session's look at the runs it holds: one BatchGetItem per 100 keys on DynamoDB)."""
+    def get_runs(
+        self, keys: Sequence[tuple[str, datetime]], *, consistent: bool = True
+    ) -> dict[tuple[str, datetime], Run]:
+        """The runs of ``keys`` (``(job_id, due_at)``) that exist, keyed as asked (a worker session's look
+        at the runs it holds: one BatchGetItem per 100 keys on DynamoDB); ``consistent=False`` may lag the
+        latest write by a moment (half the read units on DynamoDB)."""
 
     def list_runs(self, job_id: str, *, limit: int = 20) -> list[Run]:
         """The job's most recent ``limit`` runs, newest due time first."""

@@ -209,7 +209,10 @@ class WorkerSession:
         their attempt, lease owner this worker), forgetting the others."""
         keys = [(h.job_id, h.due_at) for h in held.values()] + [(u[0], u[1]) for u in unsure.values()]
         try:
-            rows = self.deps.store.get_runs(keys)
+            # eventually consistent (half the read units): a read a moment stale only delays a kill to the
+            # next beat (the fencing token, not this read, keeps a stale worker's finish out); an unsure
+            # start is read consistently, as a stale read of it would leave an applied start unnoticed
+            rows = self.deps.store.get_runs(keys, consistent=bool(unsure))
         except Exception as exc:  # noqa: BLE001 - looked at again at the next beat
             self._log_failure("reading the worker's runs failed", exc)
             return []

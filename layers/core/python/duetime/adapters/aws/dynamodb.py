@@ -528,9 +528,11 @@ class DynamoStore:
         jobs = [job_from_item(deserialize(item)) for item in items]
         return {job.job_id: job for job in jobs}
 
-    def _batch_get(self, table: str, keys: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _batch_get(
+        self, table: str, keys: Sequence[dict[str, Any]], *, consistent: bool = True
+    ) -> list[dict[str, Any]]:
         """The items (DynamoDB JSON) of ``keys`` in ``table``, absent ones left out, in no particular order;
-        strongly consistent.
+        strongly consistent unless ``consistent`` is False.
 
         One ``BatchGetItem`` per 100 keys (its limit); keys DynamoDB leaves unprocessed (throttling) are asked
         again with exponential backoff (AWS's advice for ``UnprocessedKeys``), up to 8 times.
@@ -541,7 +543,7 @@ class DynamoStore:
         found: list[dict[str, Any]] = []
         for first in range(0, len(keys), 100):
             request: dict[str, Any] = {
-                table: {"Keys": list(keys[first : first + 100]), "ConsistentRead": True}
+                table: {"Keys": list(keys[first : first + 100]), "ConsistentRead": consistent}
             }
 
             def fetch() -> dict[str, Any]:
@@ -758,14 +760,19 @@ class DynamoStore:
         )
         return run_from_item(deserialize(out["Item"])) if "Item" in out else None
 
-    def get_runs(self, keys: Sequence[tuple[str, datetime]]) -> dict[tuple[str, datetime], Run]:
-        """The runs of ``keys`` that exist, keyed as asked: one consistent BatchGetItem per 100 keys.
+    def get_runs(
+        self, keys: Sequence[tuple[str, datetime]], *, consistent: bool = True
+    ) -> dict[tuple[str, datetime], Run]:
+        """The runs of ``keys`` that exist, keyed as asked: one BatchGetItem per 100 keys (``consistent``:
+        strongly consistent, else eventually: half the read units).
 
         Raises:
             ThrottledError: some keys were still unprocessed after the retries.
         """
         wanted = {(job_id, to_iso(due_at)): (job_id, due_at) for job_id, due_at in keys}
-        items = self._batch_get(self.runs_table, [self._run_key(j, d) for j, d in wanted.values()])
+        items = self._batch_get(
+            self.runs_table, [self._run_key(j, d) for j, d in wanted.values()], consistent=consistent
+        )
         found: dict[tuple[str, datetime], Run] = {}
         for item in items:
             run = run_from_item(deserialize(item))

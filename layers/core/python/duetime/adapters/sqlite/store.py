@@ -567,8 +567,10 @@ class SqliteStore:
         rows = self.db.read("SELECT doc FROM runs WHERE job_id = ? AND due_at = ?", (job_id, to_iso(due_at)))
         return self._run(rows[0][0]) if rows else None
 
-    def get_runs(self, keys: Sequence[tuple[str, datetime]]) -> dict[tuple[str, datetime], Run]:
-        """The runs of ``keys`` that exist, keyed as asked."""
+    def get_runs(
+        self, keys: Sequence[tuple[str, datetime]], *, consistent: bool = True
+    ) -> dict[tuple[str, datetime], Run]:
+        """The runs of ``keys`` that exist, keyed as asked (always the latest: ``consistent`` is moot)."""
         wanted = {(job_id, to_iso(due_at)): (job_id, due_at) for job_id, due_at in keys}
         found: dict[tuple[str, datetime], Run] = {}
         pairs = list(wanted)

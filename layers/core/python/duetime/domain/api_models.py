@@ -242,7 +242,8 @@ class JobResponse(BaseModel):
     next_fire_times: list[Instant] = Field(default_factory=list, description="the next few fires, UTC")
     last_run: RunSummary | None = None
     lag: LagStats | None = Field(
-        default=None, description="GET /jobs/{id} only: the schedule lag of the job's last 100 runs"
+        default=None,
+        description="the schedule lag of the job's last 100 runs (a single job's answers; null in listings)",
     )
     version: int
     created_at: Instant

@@ -37,19 +37,26 @@ LISTING_READERS = 8
 LAG_RUNS = 100
 
 
-def job_response(job: Job, deps: Deps) -> JobResponse:
-    """The job as the API shows it: with its next fire times and its most recent run (one Query)."""
-    fires, last = jobs.describe_job(job, deps)
-    return JobResponse.of(job, next_fire_times=fires, last_run=last[0] if last else None)
+def job_response(job: Job, deps: Deps, *, with_lag: bool = True) -> JobResponse:
+    """The job as the API shows it: with its next fire times, its most recent run and (``with_lag``) the
+    schedule lag of its last :data:`LAG_RUNS` runs (one Query either way)."""
+    fires, recent = jobs.describe_job(job, deps, recent=LAG_RUNS if with_lag else 1)
+    return JobResponse.of(
+        job,
+        next_fire_times=fires,
+        last_run=recent[0] if recent else None,
+        lag=lag_stats(recent) if with_lag else None,
+    )
 
 
 def job_responses(found: list[Job], deps: Deps) -> list[JobResponse]:
-    """:func:`job_response` of each job, in order; their last-run Queries run side by side (at most
-    :data:`LISTING_READERS` at once), so a page costs about one Query's latency, not one per job."""
+    """:func:`job_response` of each job, in order, without the lag figures (a page of 100 jobs would read
+    100 runs of each); their last-run Queries run side by side (at most :data:`LISTING_READERS` at once), so
+    a page costs about one Query's latency, not one per job."""
     if len(found) <= 1:
-        return [job_response(job, deps) for job in found]
+        return [job_response(job, deps, with_lag=False) for job in found]
     with ThreadPoolExecutor(max_workers=min(LISTING_READERS, len(found))) as pool:
-        return list(pool.map(lambda job: job_response(job, deps), found))
+        return list(pool.map(lambda job: job_response(job, deps, with_lag=False), found))
 
 
 @router.post(
@@ -124,11 +131,7 @@ def get_job(job_id: str, deps: ServiceDeps, tenant: Tenant) -> JobResponse:
     Its definition, state, next fire times, most recent run, and the schedule lag (p50, p99) of its last
     100 runs.
     """
-    job = jobs.get_job(job_id, tenant=tenant, deps=deps)
-    fires, recent = jobs.describe_job(job, deps, recent=LAG_RUNS)
-    return JobResponse.of(
-        job, next_fire_times=fires, last_run=recent[0] if recent else None, lag=lag_stats(recent)
-    )
+    return job_response(jobs.get_job(job_id, tenant=tenant, deps=deps), deps)
 
 
 @router.get(

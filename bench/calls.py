@@ -10,6 +10,11 @@ tick and per sweep are the fixed profile it reports. In the workload window, rec
 - per run: everything else, and the *bytes* tick and sweep queries return (``bytes / 4 KB`` RRU, half for
   eventually consistent reads: at scale a page is full and the per-request rounding is negligible; the
   rounding is booked as fixed).
+
+The sweeper's reads of overdue runs (its watchdog query's bytes and its BatchGetItem of their rows and
+worker sessions) repeat at every sweep while a run stays overdue, as a long run held by a worker session
+does: the local stack sweeps every ``tick_seconds`` (1 s in the bench), AWS once a minute, so those reads
+are weighted by ``sweep_weight`` (``tick_seconds / 60``) to price what AWS would read.
 """
 
 from __future__ import annotations
@@ -166,13 +171,16 @@ def _first_pages(records: Iterable[Mapping[str, Any]], kind: Any) -> int:
     return sum(1 for r in records if kind(r) and not r.get("page"))
 
 
-def split(idle: list[dict[str, Any]], window: list[dict[str, Any]], *, shards: int) -> Split:
+def split(
+    idle: list[dict[str, Any]], window: list[dict[str, Any]], *, shards: int, sweep_weight: float = 1.0
+) -> Split:
     """Split ``window`` into fixed and per-run costs, record by record (see the module's docstring).
 
     Args:
         idle: records of an idle window (stack up, nothing submitted).
         window: records of the workload window.
         shards: the stack's shard count.
+        sweep_weight: the weight of the sweeper's per-run reads (the local sweep period over AWS's, 60 s).
 
     Raises:
         ValueError: the idle window holds no tick or no sweep.
@@ -188,13 +196,16 @@ def split(idle: list[dict[str, Any]], window: list[dict[str, Any]], *, shards: i
             by_bytes = Tally()
             by_bytes.add(r, query_by_bytes=True)
             fixed.add({**r, "rru": float(r.get("rru") or 0) - by_bytes.rru, "ms": 0.0})
-            variable.rru += by_bytes.rru
+            weight = sweep_weight if is_sweep_query(r) else 1.0
+            variable.rru += weight * by_bytes.rru
             variable.ms += by_bytes.ms
             clock_ms += by_bytes.ms
         elif _item(r) in fixed_items:
             fixed.add(r)
         else:
-            variable.add(r, query_by_bytes=True)
+            # the sweeper's reads of overdue runs and their sessions: at AWS's sweep rate
+            weight = sweep_weight if is_clock(r) and r["op"] == "BatchGetItem" else 1.0
+            variable.add(r, query_by_bytes=True, weight=weight)
             if is_clock(r):
                 clock_ms += float(r.get("ms") or 0)
     ticks = _first_pages(idle, is_tick_query)

@@ -73,6 +73,11 @@ QUICK = Workload(
 )
 
 
+#: the local stack's tick (and sweep) period in the bench, seconds; AWS ticks and sweeps once a minute
+TICK_SECONDS = 1.0
+AWS_SWEEP_SECONDS = 60.0
+
+
 def _log_command(n_bytes: int, then: str = "") -> list[str]:
     return ["sh", "-c", f'yes "duetime bench log line $DUETIME_RUN_ID" | head -c {n_bytes}{then}']
 
@@ -139,7 +144,7 @@ def run_workload(w: Workload, *, timeout: float = 300.0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="duetime-bench-calls-") as tmp:
         count_dir = Path(tmp)
         with stackmod.running(
-            tick_seconds=1.0, workers=w.workers, shards=w.shards, count_dir=count_dir
+            tick_seconds=TICK_SECONDS, workers=w.workers, shards=w.shards, count_dir=count_dir
         ) as stack:
             t_idle = time.time()
             time.sleep(w.idle_seconds)
@@ -174,7 +179,7 @@ def run_workload(w: Workload, *, timeout: float = 300.0) -> dict[str, Any]:
         records = callsmod.load(count_dir)
     idle = [r for r in records if t_idle <= r["t"] < t_submit]
     window = [r for r in records if t_submit <= r["t"] <= t_end]
-    split = callsmod.split(idle, window, shards=w.shards)
+    split = callsmod.split(idle, window, shards=w.shards, sweep_weight=TICK_SECONDS / AWS_SWEEP_SECONDS)
     attempts = sum(len(r.get("attempts") or []) or 1 for r in runs)
     names = dict(zip(job_ids, (b["name"] for b in job_bodies(w, datetime.now(UTC))), strict=True))
     return {

@@ -116,6 +116,28 @@ def test_the_split_books_ticks_sweeps_leases_and_idle_polls_as_fixed_and_the_res
     assert dict(split.variable.table_wru) == {"runs": 1, "jobs": 1}
 
 
+def test_the_sweepers_reads_of_overdue_runs_are_priced_at_awss_sweep_rate() -> None:
+    # Given a workload window where the (1 s) local sweeper read a long run and its session at each of 60
+    # sweeps (a watchdog query returning its key, then a BatchGetItem of its row and its session), and a
+    # worker read the same run once (not the clock thread)
+    idle = _iteration(1) + _iteration(2)
+    window: list[dict[str, Any]] = []
+    for second in range(60):
+        window += [
+            _rec(10 + second, "Query", table="x-runs", index="watchdog", items=1, read_bytes=400, rru=0.5),
+            _rec(10 + second, "BatchGetItem", rru=2.0),
+        ]
+    window.append(_rec(30, "BatchGetItem", thread="session", rru=0.5))
+    split = calls.split(idle, window, shards=1, sweep_weight=1 / 60)
+    # Then the sweeper's per-run reads count as one sweep's (AWS sweeps once a minute): 2 RRU of rows and
+    # sessions and the query's 400 bytes once; the worker's read counts whole
+    assert split.variable.rru == pytest.approx(2.0 + 400 / 4096 / 2 + 0.5)
+    assert split.variable.calls["dynamodb BatchGetItem"] == pytest.approx(1 + 1)
+    # and without the weight, all 60 sweeps' reads
+    unweighted = calls.split(idle, window, shards=1)
+    assert unweighted.variable.rru == pytest.approx(60 * (2.0 + 400 / 4096 / 2) + 0.5)
+
+
 def test_the_model_sizes_shards_from_the_hot_gsi_and_the_tick_rate() -> None:
     results = {
         "cost": {

@@ -9,7 +9,7 @@ the workload over HTTP, as a user would, and waits until every run is terminal:
 - one-off ``at(...)`` jobs due a few seconds later (claimed by the tick, not the API);
 - repeating ``rate(...)`` jobs that fire K times each (``end_at`` stops them);
 - jobs that fail their first attempt and succeed on the retry;
-- one long job (60 s; 20 s in quick mode) that heartbeats every 10 s.
+- one long job (60 s; 20 s in quick mode), held by its worker session (beats every 10 s).
 
 From the per-run calls it prices each service at :mod:`bench.prices`. Lambda invocations per run are the API
 invocations (one per submit); the tick's and sweeper's invocations are fixed per minute and reported apart,
@@ -269,7 +269,7 @@ def by_duration(by_run: dict[str, Any], runs: int, long_seconds: int) -> dict[st
             f"{long_seconds}s": _median([r["wru"] for r in long]),
             "note": (
                 "write units of the run's own row (runs table and its GSIs, every write to its key), median of "
-                "the one-attempt run-now runs and of the heartbeating long run; the job's writes are apart"
+                "the one-attempt run-now runs and of the long run; the job's writes are apart"
             ),
         },
         "log_chunk_puts_per_run": round(by_run["log_chunk_puts"] / max(1, runs), 3),

@@ -55,43 +55,28 @@ def test_a_lease_is_expired_from_lease_expires_at_on(adapters: Adapters, after: 
     assert [(a.attempt, a.state, a.reason, a.fencing_token) for a in ended.attempts] == [
         (1, RunState.FAILED, "worker_lost", 1)
     ]
+    # the stuck worker, still holding token 1, is fenced off: its finish and a rewatch under it fail
     with pytest.raises(LeaseLostError):
-        adapters.store.heartbeat(
-            running.job_id, T0, fencing_token=1, lease_expires_at=now + timedelta(seconds=30)
-        )
+        adapters.store.end_attempt(attempt_end(running, RunState.SUCCEEDED, now=now + MS))
+    assert adapters.store.rewatch_running(running.job_id, T0, fencing_token=1, watch_at=now + MS) is None
+    assert adapters.store.get_run(running.job_id, T0) == ended
 
 
-def test_a_heartbeat_that_renewed_the_lease_wins_over_the_expiry(adapters: Adapters) -> None:
-    running = _running(adapters, "lease-renewed")
+def test_a_lease_expiry_decided_on_a_stale_read_is_refused_once_the_worker_finished(
+    adapters: Adapters,
+) -> None:
+    running = _running(adapters, "lease-finished")
     seen_by_sweeper = running  # read when the lease looked expired
-    renewed = adapters.store.heartbeat(
-        running.job_id, T0, fencing_token=1, lease_expires_at=LEASE_END + timedelta(seconds=30)
-    )
-    # the lease moves; the watch time stays (a lower bound the sweeper moves when it comes due)
-    assert (renewed.lease_expires_at, renewed.watch_at) == (
-        LEASE_END + timedelta(seconds=30),
-        running.watch_at,
-    )
+    # the worker's finish is conditional on its token only: at its lease's end it still applies
+    done = adapters.store.end_attempt(attempt_end(running, RunState.SUCCEEDED, now=LEASE_END))
+    assert (done.state, done.fencing_token) == (RunState.SUCCEEDED, 1)
+    # the sweeper's expiry, its lease condition met, is refused on the state and token it read
     end = attempt_end(seen_by_sweeper, RunState.FAILED, now=LEASE_END, reason="worker_lost").with_fence(
         lease_expired_by=LEASE_END
     )
     with pytest.raises(LeaseLostError):
         adapters.store.end_attempt(end)
-    assert adapters.store.get_run(running.job_id, T0) == renewed
-
-
-def test_a_heartbeat_given_a_watch_time_sets_it(adapters: Adapters) -> None:
-    running = _running(adapters, "heartbeat-watch")
-    watch = LEASE_END + timedelta(seconds=7)
-    renewed = adapters.store.heartbeat(
-        running.job_id,
-        T0,
-        fencing_token=1,
-        lease_expires_at=LEASE_END + timedelta(seconds=30),
-        watch_at=watch,
-    )
-    assert renewed.watch_at == watch
-    assert adapters.store.get_run(running.job_id, T0) == renewed
+    assert adapters.store.get_run(running.job_id, T0) == done
 
 
 def test_rewatch_moves_a_running_runs_watch_time_under_its_token_only(adapters: Adapters) -> None:
@@ -117,13 +102,11 @@ def test_rewatch_moves_a_running_runs_watch_time_under_its_token_only(adapters: 
 
 
 # ---- stale fencing tokens --------------------------------------------------------------------------------
-def test_a_heartbeat_under_a_stale_token_raises_lease_lost_and_changes_nothing(adapters: Adapters) -> None:
-    running = _running(adapters, "stale-heartbeat")
+def test_a_rewatch_under_a_stale_token_returns_none_and_changes_nothing(adapters: Adapters) -> None:
+    running = _running(adapters, "stale-rewatch")
     for token in (0, 2):
-        with pytest.raises(LeaseLostError):
-            adapters.store.heartbeat(
-                running.job_id, T0, fencing_token=token, lease_expires_at=T0 + timedelta(minutes=5)
-            )
+        later = T0 + timedelta(minutes=5)
+        assert adapters.store.rewatch_running(running.job_id, T0, fencing_token=token, watch_at=later) is None
     assert adapters.store.get_run(running.job_id, T0) == running
 
 
@@ -145,10 +128,12 @@ def test_the_worker_of_an_earlier_attempt_is_fenced_off_by_the_next_start(adapte
     second = start(adapters.store, retrying, now=T0 + timedelta(seconds=2), attempt=2, owner="w2")
     assert (second.attempt, second.fencing_token, second.lease_owner) == (2, 2, "w2")
     # the first attempt's worker, still holding token 1
-    with pytest.raises(LeaseLostError):
-        adapters.store.heartbeat(
-            running.job_id, T0, fencing_token=1, lease_expires_at=T0 + timedelta(minutes=1)
+    assert (
+        adapters.store.rewatch_running(
+            running.job_id, T0, fencing_token=1, watch_at=T0 + timedelta(minutes=1)
         )
+        is None
+    )
     with pytest.raises(LeaseLostError):
         adapters.store.end_attempt(attempt_end(running, RunState.SUCCEEDED, now=T0 + timedelta(seconds=3)))
     assert adapters.store.get_run(running.job_id, T0) == second
@@ -160,14 +145,16 @@ def test_an_end_of_a_run_no_longer_running_raises_lease_lost(adapters: Adapters)
     assert (done.state, done.fencing_token) == (RunState.SUCCEEDED, 1)  # the worker's own end keeps its token
     with pytest.raises(LeaseLostError):
         adapters.store.end_attempt(attempt_end(running, RunState.SUCCEEDED, now=T0 + timedelta(seconds=2)))
-    with pytest.raises(LeaseLostError):
-        adapters.store.heartbeat(
-            running.job_id, T0, fencing_token=1, lease_expires_at=T0 + timedelta(minutes=1)
+    assert (
+        adapters.store.rewatch_running(
+            running.job_id, T0, fencing_token=1, watch_at=T0 + timedelta(minutes=1)
         )
+        is None
+    )
     assert adapters.store.get_run(running.job_id, T0) == done
 
 
-def test_after_a_cancel_the_old_tokens_heartbeat_and_end_fail(adapters: Adapters) -> None:
+def test_after_a_cancel_the_old_tokens_rewatch_and_end_fail(adapters: Adapters) -> None:
     running = _running(adapters, "cancelled")
     now = T0 + timedelta(seconds=5)
     record = AttemptRecord(
@@ -182,27 +169,12 @@ def test_after_a_cancel_the_old_tokens_heartbeat_and_end_fail(adapters: Adapters
     )
     assert (cancelled.finished_at, cancelled.lease_expires_at, cancelled.watch_at) == (now, None, None)
     assert cancelled.attempts == [record]
-    with pytest.raises(LeaseLostError):
-        adapters.store.heartbeat(
-            running.job_id, T0, fencing_token=1, lease_expires_at=now + timedelta(minutes=1)
+    assert (
+        adapters.store.rewatch_running(
+            running.job_id, T0, fencing_token=1, watch_at=now + timedelta(minutes=1)
         )
+        is None
+    )
     with pytest.raises(LeaseLostError):
         adapters.store.end_attempt(attempt_end(running, RunState.SUCCEEDED, now=now + MS))
     assert adapters.store.get_run(running.job_id, T0) == cancelled
-
-
-def test_a_heartbeat_under_the_current_token_extends_the_lease_and_the_watch(adapters: Adapters) -> None:
-    running = _running(adapters, "heartbeat")
-    beat = adapters.store.heartbeat(
-        running.job_id,
-        T0,
-        fencing_token=1,
-        lease_expires_at=LEASE_END + timedelta(seconds=10),
-        watch_at=LEASE_END + timedelta(seconds=5),
-    )
-    assert (beat.state, beat.fencing_token) == (RunState.RUNNING, 1)
-    assert (beat.lease_expires_at, beat.watch_at) == (
-        LEASE_END + timedelta(seconds=10),
-        LEASE_END + timedelta(seconds=5),
-    )
-    assert adapters.store.get_run(running.job_id, T0) == beat

@@ -62,6 +62,31 @@ def test_an_alive_session_is_not_revoked_and_an_expired_one_is_for_good(adapters
     assert adapters.store.get_sessions(["s-1"])["s-1"] == revoked
 
 
+def test_a_renewal_after_the_sweeper_read_the_session_expired_wins_over_the_revocation(
+    adapters: Adapters,
+) -> None:
+    job = make_job("renewed-meanwhile")
+    running = start(
+        adapters.store,
+        put_run(adapters.store, job, T0),
+        now=T0,
+        lease_expires_at=T0 + LEASE,
+        session_id="s-1",
+    )
+    _renew(adapters, [running.run_id], T0 + LEASE)
+    now = T0 + LEASE
+    # the sweeper reads the session expired (and the run's own lease passed): not held
+    [seen] = adapters.store.get_sessions(["s-1"]).values()
+    assert not lease_held(running, seen, now)
+    # the worker renews it before the sweeper's revocation: the revocation is refused, nothing written
+    renewed = _renew(adapters, [running.run_id], now + LEASE)
+    assert renewed is not None
+    assert adapters.store.revoke_session("s-1", now=now) is False
+    assert adapters.store.get_sessions(["s-1"]) == {"s-1": renewed}
+    assert lease_held(running, renewed, now)
+    assert adapters.store.get_run(job.job_id, T0) == running
+
+
 def test_a_session_never_written_is_revoked_for_good(adapters: Adapters) -> None:
     # (its worker ran only short tasks, or died before its first renewal)
     assert adapters.store.revoke_session("never", now=T0) is True

@@ -12,7 +12,7 @@ from duetime.services.timeouts import InProcessTimeoutRunner, execution_name
 from tests.contract.conftest import T0, Adapters
 from tests.contract.factories import attempt_end, make_job, make_run, put_run, start
 
-STUCK_AT = T0 + timedelta(seconds=320)  # the attempt's 300 s deadline, its kill grace and a heartbeat on
+STUCK_AT = T0 + timedelta(seconds=320)  # the attempt's 300 s deadline, its kill grace and a beat interval on
 
 
 def _stuck(adapters: Adapters, tier: str, job_id: str, **job_kw: object) -> Run:

@@ -257,7 +257,7 @@ def test_a_timeout_kills_the_task_and_triggers_the_handler_job(stack: Stack) -> 
     assert 3 <= took < 6
     assert run["timeout_action"] == "trigger"
     # (the state may flip first: on a loaded machine the timeout handler can fence the attempt before the
-    # worker's kill lands; the worker then kills the group on its next heartbeat)
+    # worker's kill lands; the worker then kills the group at its session's next beat)
     deadline = time.monotonic() + 10
     while _pids_running(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -295,7 +295,8 @@ def test_a_stopped_worker_past_the_deadline_is_fenced_by_the_state_machine(stack
         assert run["timeout_execution"] == f"{run['run_id'].replace('.', '-')}-a1"
     finally:
         os.kill(pid, signal.SIGCONT)
-    # And after SIGCONT the worker's heartbeat or finish is rejected and its task's process tree is gone
+    # And after SIGCONT the worker finds the run lost (a finish would be rejected) and its task's process
+    # tree is gone
     deadline = time.monotonic() + 15
     while _pids_running(marker) and time.monotonic() < deadline:
         time.sleep(0.3)

@@ -39,7 +39,7 @@ from duetime.domain.models import Run, RunMessage
 from duetime.local.stack import LOCAL_AWS_ENV
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 
-#: short leases so each scenario takes seconds (a heartbeat every second keeps a 4 s lease on a busy box)
+#: short leases so each scenario takes seconds (a session beat every second keeps a 4 s lease on a busy box)
 FAST = (
     "--tick-seconds",
     "1",

@@ -61,7 +61,7 @@ def test_a_worker_told_to_stop_while_its_aws_hangs_kills_its_task_and_exits_afte
         assert int(run["lease_owner"].split(":")[1]) == worker.pid
         marker = tmp_path / f"{worker.pid}.task"
         task = int(wait_for("the task's marker", lambda: marker.exists() and marker.read_text(), timeout=10))
-        # When AWS stops answering (moto's server frozen: the worker's next heartbeat hangs) and the worker
+        # When AWS stops answering (moto's server frozen: the worker session's next beat hangs) and the worker
         # is told to stop
         os.kill(moto[0], signal.SIGSTOP)
         time.sleep(1.5)
@@ -69,7 +69,7 @@ def test_a_worker_told_to_stop_while_its_aws_hangs_kills_its_task_and_exits_afte
         worker.send_signal(signal.SIGTERM)
         code = worker.wait(timeout=20)
         took = time.monotonic() - sent
-        # Then its stop deadline stops the task (the loop, stuck in a heartbeat, did not within 2 s) and exits
+        # Then its stop deadline stops the task (the loop, stuck in a beat, did not within 2 s) and exits
         # the worker once its 2 s budget for the hand-back is up
         assert not alive(task), "the task outlived its worker"
         print(f"worker exited {took:.1f} s after SIGTERM with {code}")

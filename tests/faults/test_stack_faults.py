@@ -166,14 +166,14 @@ def test_a_throttled_store_still_runs_everything_once_or_retries_it(
     job_ids.append(_submit(stack, "rate", effects.command("true"), retry=retry, schedule=_rate_until(30)))
     held: list[tuple[float, float]] = []
     if backend == "moto":
-        # When DynamoDB throttles half the HTTP attempts of claims, starts, heartbeats and finishes, in every
-        # process of the stack, for 8 s (botocore retries each call up to 5 times: ~3% give up)
+        # When DynamoDB throttles half the HTTP attempts of claims, starts, session beats and finishes, in
+        # every process of the stack, for 8 s (botocore retries each call up to 5 times: ~3% give up)
         control.write_text(json.dumps({"rate": 0.5, "ops": ["PutItem", "UpdateItem", "Query", "GetItem"]}))
         time.sleep(8)
         control.write_text(json.dumps({"rate": 0}))
     else:
         # When another process holds the state file's write lock, again and again, for 1 to 6.5 s at a time
-        # while the runs start, heartbeat and finish (every claim, start, heartbeat, finish, receive and
+        # while the runs start, are held and finish (every claim, start, session beat, finish, receive and
         # delete of every process of the stack waits; those that wait past the busy timeout fail)
         held = WriteLockHolder(stack_state(stack).path, LOCK_HOLDS).start().join()
     # Then every run ends, each execution under a granted lease, none twice under one lease

@@ -1,10 +1,11 @@
 """Faults of workers and of the queue, on the real local stack with real worker processes.
 
 SIGKILL a worker (and its task's process group, as a container's death would) at every attempt; SIGSTOP a
-worker past its lease and SIGCONT it (its heartbeat or finish must be rejected, its task tree killed, the run
-finished exactly once by another attempt); deliver a queue message several times; delete a message before any
-worker sees it. Each task records its executions (:class:`~tests.faults.conftest.Effects`). Every scenario runs
-on both backends (``sqlite``, ``moto``); the queue is reached through :func:`~tests.faults.conftest.stack_state`.
+worker past its lease and SIGCONT it (its session must find the run lost, its finish be rejected, its task
+tree killed, the run finished exactly once by another attempt); deliver a queue message several times;
+delete a message before any worker sees it. Each task records its executions
+(:class:`~tests.faults.conftest.Effects`). Every scenario runs on both backends (``sqlite``, ``moto``);
+the queue is reached through :func:`~tests.faults.conftest.stack_state`.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def _running(stack: Stack, job_id: str, attempt: int) -> dict[str, Any] | None:
 
 
 def _later_attempts_ok(run: dict[str, Any]) -> bool:
-    """After attempt 1, the run succeeded on attempt 2 (or, if an overloaded box made a heartbeat miss the
-    4 s lease, on a later one, every attempt in between lost the same way)."""
+    """After attempt 1, the run succeeded on attempt 2 (or, if an overloaded box made a session renewal miss
+    the 4 s lease, on a later one, every attempt in between lost the same way)."""
     *middle, last = run["attempts"][1:]
     return last["state"] == "SUCCEEDED" and all(a.get("reason") == "worker_lost" for a in middle)
 
@@ -147,7 +148,8 @@ def test_a_worker_paused_past_its_lease_is_fenced_off_and_kills_its_task(
         )
     finally:
         os.kill(worker, signal.SIGCONT)
-    # Then the woken worker's heartbeat is rejected and it kills its task's whole process tree, and lives on
+    # Then the woken worker finds the run lost (by its own clock, then its session's beat) and kills its
+    # task's whole process tree, and lives on
     wait_for("the stale task's grandchild to die", lambda: not alive(grandchild), timeout=20)
     assert alive(worker)
     # And the run was finished exactly once, by attempt 2, under its own token
@@ -255,7 +257,8 @@ def _each_attempt_ran_once(run: dict[str, Any], executed: list[tuple[int, int]])
     """Exactly one execution per attempt the run recorded; a repeated attempt only after a lost lease."""
     assert run_problems(run, executed) == []
     assert sorted(executed) == sorted((a["attempt"], a["fencing_token"]) for a in run["attempts"])
-    # (on a badly overloaded machine a heartbeat can miss the 4 s lease: that, not a duplicate, is a retry)
+    # (on a badly overloaded machine a session renewal can miss the 4 s lease: that, not a duplicate, is a
+    # retry)
     assert all(a.get("reason") in ("worker_lost", "exit_code") for a in run["attempts"][:-1]), run["attempts"]
 
 

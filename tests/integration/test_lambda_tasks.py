@@ -401,7 +401,7 @@ def test_a_run_whose_outcome_never_arrives_is_timed_out_by_the_sweeper_and_the_l
     run, envelope = _running(
         deps, dispatcher, invoker, timeout_seconds=30, on_timeout=OnTimeout(action="fail")
     )
-    # When the sweeper looks after the deadline (plus the kill grace and a heartbeat interval)
+    # When the sweeper looks after the deadline (plus the kill grace and a beat interval)
     clock.advance(30 + 10 + 10 + 1)
     assert sweep(run.shard, deps).timeouts_handled == 1
     # Then the attempt is TIMED_OUT (fenced), and the record that finally arrives is stale

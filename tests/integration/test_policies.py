@@ -19,6 +19,7 @@ from duetime.domain.models import (
     Trigger,
 )
 from duetime.services import claims, jobs, runs
+from duetime.services.sessions import WorkerSession
 from duetime.services.sweeper import sweep
 from tests.conftest import T0
 from tests.helpers import drain
@@ -108,14 +109,20 @@ def test_the_sweeper_skips_a_pending_run_past_its_deadline_instead_of_resending(
 
 
 # ---- overlap -------------------------------------------------------------------------------------------
-def _two_due_runs(deps: Deps, clock, policy: OverlapPolicy):
-    """A 1-minute job with ``policy``; its first run RUNNING, its second due and PENDING."""
+def _two_due_runs(deps: Deps, clock, policy: OverlapPolicy, session: WorkerSession | None = None):
+    """A 1-minute job with ``policy``; its first run RUNNING (started under ``session``, held by it, if
+    given), its second due and PENDING."""
     job = _job(deps, every="rate(1 minute)", overlap=policy)
     first = deps.store.list_runs(job.job_id)[0]
     clock.advance(60)
     running = runs.start(
-        RunMessage(job_id=job.job_id, due_at=first.due_at, attempt=1, overlap=True), deps, owner="A"
+        RunMessage(job_id=job.job_id, due_at=first.due_at, attempt=1, overlap=True),
+        deps,
+        owner="A",
+        session_id=session.session_id if session is not None else None,
     )
+    if session is not None:
+        session.hold(running)
     claims.tick(job.shard, deps)
     second = deps.store.list_runs(job.job_id)[0]
     assert second.due_at == first.due_at + timedelta(minutes=1) and second.state is RunState.PENDING
@@ -163,7 +170,8 @@ def test_overlap_buffer_one_waits_then_starts_when_the_active_run_ends(deps: Dep
 
 
 def test_overlap_cancel_previous_cancels_and_fences_the_active_run(deps: Deps, clock) -> None:
-    job, running, second = _two_due_runs(deps, clock, OverlapPolicy(policy="cancel_previous"))
+    session = WorkerSession(deps, "A", monotonic=lambda: clock.now().timestamp())
+    job, running, second = _two_due_runs(deps, clock, OverlapPolicy(policy="cancel_previous"), session)
     clock.advance(60)
     started = runs.start(runs.message_for(second), deps, owner="B")
     assert started.state is RunState.RUNNING
@@ -173,9 +181,17 @@ def test_overlap_cancel_previous_cancels_and_fences_the_active_run(deps: Deps, c
     assert [(a.attempt, a.state, a.reason) for a in cancelled.attempts] == [
         (1, RunState.CANCELLED, "cancelled")
     ]
-    # the cancelled run's worker is told through the fence
+    # the cancelled run's worker is told through the fence: its session's next beat finds it cancelled
+    session.beat()
+    lost = session.lost(running.run_id)
+    assert lost is not None and lost.cancelled is not None
+    # and its finish is rejected
     with pytest.raises(runs.LeaseLostError):
-        runs.heartbeat(running, deps, fencing_token=running.fencing_token)
+        runs.finish(
+            running, deps, fencing_token=running.fencing_token, outcome=RunState.SUCCEEDED, exit_code=0
+        )
+    stored = deps.store.get_run(job.job_id, running.due_at)
+    assert stored is not None and stored.state is RunState.CANCELLED
 
 
 def test_max_concurrency_two_lets_two_run_and_the_third_wait(deps: Deps, clock) -> None:

@@ -375,29 +375,34 @@ def test_two_processes_racing_to_put_50_runs_each_win_each_run_exactly_once(db_p
 
 
 # ---- the lifecycle, with every query after every transition ------------------------------------------------
-def test_start_heartbeat_and_end_under_stale_tokens_change_nothing(store: SqliteStore) -> None:
+def test_start_rewatch_and_end_under_stale_tokens_change_nothing(store: SqliteStore) -> None:
     running = start(store, put_run(store, make_job("fenced")))
     for token in (0, 2):
-        with pytest.raises(LeaseLostError):
-            store.heartbeat("fenced", T0, fencing_token=token, lease_expires_at=T0 + timedelta(minutes=5))
+        assert (
+            store.rewatch_running("fenced", T0, fencing_token=token, watch_at=T0 + timedelta(minutes=5))
+            is None
+        )
         with pytest.raises(LeaseLostError):
             store.end_attempt(ending(running, RunState.SUCCEEDED, now=T0 + S, token=token))
     assert store.get_run("fenced", T0) == running
-    beat = store.heartbeat("fenced", T0, fencing_token=1, lease_expires_at=T0 + timedelta(minutes=1))
-    assert (beat.lease_expires_at, beat.watch_at) == (T0 + timedelta(minutes=1), running.watch_at)
-    # the sweeper read the old lease: the heartbeat won
-    stale_expiry = ending(running, RunState.FAILED, now=T0 + 30 * S).with_fence(lease_expired_by=T0 + 30 * S)
+    moved = store.rewatch_running("fenced", T0, fencing_token=1, watch_at=T0 + timedelta(minutes=1))
+    assert moved is not None
+    assert (moved.lease_expires_at, moved.watch_at) == (running.lease_expires_at, T0 + timedelta(minutes=1))
+    # the sweeper's expiry before the lease's end (30 s from the start) is refused
+    early_expiry = ending(running, RunState.FAILED, now=T0 + 30 * S - MS).with_fence(
+        lease_expired_by=T0 + 30 * S - MS
+    )
     with pytest.raises(LeaseLostError):
-        store.end_attempt(stale_expiry)
-    done = store.end_attempt(ending(beat, RunState.SUCCEEDED, now=T0 + 40 * S))
+        store.end_attempt(early_expiry)
+    assert store.get_run("fenced", T0) == moved
+    done = store.end_attempt(ending(moved, RunState.SUCCEEDED, now=T0 + 40 * S))
     assert (done.state, done.fencing_token, done.watch_at, done.lease_owner) == (
         RunState.SUCCEEDED,
         1,
         None,
         None,
     )
-    with pytest.raises(LeaseLostError):
-        store.heartbeat("fenced", T0, fencing_token=1, lease_expires_at=T0 + timedelta(minutes=2))
+    assert store.rewatch_running("fenced", T0, fencing_token=1, watch_at=T0 + timedelta(minutes=2)) is None
     with pytest.raises(StartRejectedError):
         start(store, running, now=T0 + timedelta(minutes=1))
 
@@ -865,27 +870,32 @@ def test_a_run_started_by_another_process_after_the_batch_read_it_is_not_started
     assert stored is not None and (stored.lease_owner, stored.fencing_token) == ("other", 1)
 
 
-def test_an_end_after_a_heartbeat_that_came_between_read_and_write_keeps_both(
+def test_an_end_after_a_write_that_came_between_read_and_write_keeps_both(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, other = SqliteStore(tmp_path / "s.sqlite"), SqliteStore(tmp_path / "s.sqlite")
     running = start(store, put_run(store, make_job("cas-end")))
-    renewed = T0 + timedelta(seconds=2 * LEASE)
-    _between_read_and_write(
-        store,
-        monkeypatch,
-        lambda: other.heartbeat(running.job_id, T0, fencing_token=1, lease_expires_at=renewed),
-    )
+    event = {"at": T0 + S, "kind": "note", "detail": {"by": "other"}}
+    rewatched = T0 + timedelta(seconds=2 * LEASE)
+
+    def meanwhile() -> None:
+        # a token-conditional transition and an unconditional append, both from another process
+        assert other.rewatch_running(running.job_id, T0, fencing_token=1, watch_at=rewatched) is not None
+        other.record_event(running.job_id, T0, event)
+
+    _between_read_and_write(store, monkeypatch, meanwhile)
     [ended] = store.end_attempts([ending(running, RunState.SUCCEEDED, now=T0 + timedelta(seconds=5))])
     assert not isinstance(ended, Exception) and ended.state is RunState.SUCCEEDED
+    # applied over the latest row, not the snapshot: the other process's event is kept
+    assert [(e.kind, e.detail) for e in ended.events] == [("note", {"by": "other"})]
     assert store.get_run(running.job_id, T0) == ended
-    # a lease-expiry end decided on the old lease is refused once the heartbeat renewed it
+    # a lease-expiry end decided on a row the worker finished meanwhile is refused; the finish stands
     monkeypatch.undo()
     racing = start(store, put_run(store, make_job("cas-expiry")))
     _between_read_and_write(
         store,
         monkeypatch,
-        lambda: other.heartbeat(racing.job_id, T0, fencing_token=1, lease_expires_at=renewed),
+        lambda: other.end_attempt(ending(racing, RunState.SUCCEEDED, now=T0 + timedelta(seconds=LEASE))),
     )
     expiry = ending(racing, RunState.FAILED, now=T0 + timedelta(seconds=LEASE)).with_fence(
         lease_expired_by=T0 + timedelta(seconds=LEASE)
@@ -893,7 +903,8 @@ def test_an_end_after_a_heartbeat_that_came_between_read_and_write_keeps_both(
     [refused] = store.end_attempts([expiry])
     assert isinstance(refused, LeaseLostError)
     stored = store.get_run(racing.job_id, T0)
-    assert stored is not None and stored.state is RunState.RUNNING and stored.lease_expires_at == renewed
+    assert stored is not None and (stored.state, stored.fencing_token) == (RunState.SUCCEEDED, 1)
+    assert [a.state for a in stored.attempts] == [RunState.SUCCEEDED]
 
 
 def test_a_row_that_does_not_read_as_a_run_fails_only_its_own_item_of_a_batch(tmp_path: Path) -> None:

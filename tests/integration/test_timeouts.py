@@ -22,6 +22,7 @@ from duetime.domain.clock import FixedClock
 from duetime.domain.errors import LeaseLostError, RequestFieldError
 from duetime.domain.models import ContainerTask, OnTimeout, RetryPolicy, RunState, Trigger
 from duetime.services import jobs, runs
+from duetime.services.sessions import WorkerSession
 from duetime.services.sweeper import sweep
 from duetime.services.timeouts import execution_name, start_handler
 from duetime.services.worker import Worker
@@ -59,11 +60,15 @@ def _wait_execution(deps: Deps, name: str) -> dict:
     raise AssertionError(f"execution {name} still running")
 
 
-def _stuck(deps: Deps, job_id: str):
-    """Start the job's run as a worker that then hangs; move the clock past the handler's due time."""
+def _stuck(deps: Deps, job_id: str, session: WorkerSession | None = None):
+    """Start the job's run as a worker that then hangs (under ``session``, held by it, if given); move the
+    clock past the handler's due time."""
     [pending] = deps.store.list_runs(job_id)
     drain(deps.settings.queue_url("small"))
-    running = runs.start(runs.message_for(pending), deps, owner="stuck-worker")
+    session_id = session.session_id if session is not None else None
+    running = runs.start(runs.message_for(pending), deps, owner="stuck-worker", session_id=session_id)
+    if session is not None:
+        session.hold(running)
     assert running.deadline_at == T0 + timedelta(seconds=pending.timeout_seconds)
     deps.clock.advance(pending.timeout_seconds + pending.on_timeout.kill_grace_seconds + 5 + 0.001)
     return running
@@ -147,7 +152,8 @@ def test_a_stuck_worker_is_fenced_by_the_state_machine_and_its_finish_rejected(s
         timeout_seconds=3,
         on_timeout=OnTimeout(action="fail", kill_grace_seconds=2),
     )
-    running = _stuck(sfn_deps, job_id)
+    session = WorkerSession(sfn_deps, "stuck-worker", monotonic=lambda: sfn_deps.clock.now().timestamp())
+    running = _stuck(sfn_deps, job_id, session)
     # When the sweeper sees the run past its deadline
     result = sweep(running.shard, sfn_deps)
     assert result.timeouts_handled == 1
@@ -161,9 +167,10 @@ def test_a_stuck_worker_is_fenced_by_the_state_machine_and_its_finish_rejected(s
         execution_name(running),
     )
     assert run.attempts[0].reason == "timeout_handler" and run.watch_at is None
-    # And the stuck worker, waking up, is rejected on heartbeat and on finish
-    with pytest.raises(LeaseLostError):
-        runs.heartbeat(running, sfn_deps, fencing_token=running.fencing_token)
+    # And the stuck worker, waking up, finds the run fenced at its session's beat and is rejected on finish
+    session.beat()
+    lost = session.lost(running.run_id)
+    assert lost is not None and lost.why == "fencing token superseded" and lost.cancelled is None
     with pytest.raises(LeaseLostError):
         runs.finish(
             running, sfn_deps, fencing_token=running.fencing_token, outcome=RunState.SUCCEEDED, exit_code=0

@@ -2,9 +2,10 @@
 held to both adapter sets in tests/contract/test_fencing.py).
 
 A run's watch time is a lower bound of when the sweeper must look at it (``Settings.first_watch_seconds``:
-the sooner of the pending grace and the lease, after its due time): starts and heartbeats leave it, so a
-run that ends sooner never moves in the watchdog index; the sweeper moves it when it comes.
-Settings of these tests: lease 30 s, heartbeat 10 s, pending grace 60 s.
+the sooner of the pending grace and the lease, after its due time): a start leaves it and a worker writes
+nothing to a running run's row (its session's beats only read it), so a run that ends sooner never moves
+in the watchdog index; the sweeper moves it when it comes.
+Settings of these tests: lease 30 s, beat interval (``heartbeat_seconds``) 10 s, pending grace 60 s.
 """
 
 from __future__ import annotations
@@ -49,12 +50,15 @@ def _messages(deps: Deps) -> int:
 def test_a_run_that_ends_before_its_first_look_never_moves_in_the_watchdog(deps: Deps, clock) -> None:
     run = _submitted(deps)
     assert run.watch_at == FIRST_LOOK
-    started = runs.start(message_for(run), deps, owner="w1")
-    # the start and a heartbeat renew the lease but leave the watch time
+    session = WorkerSession(deps, "w1", monotonic=lambda: clock.now().timestamp())
+    started = runs.start(message_for(run), deps, owner="w1", session_id=session.session_id)
+    session.hold(started)
+    # the start sets the lease but leaves the watch time
     assert started.watch_at == FIRST_LOOK and started.lease_expires_at == T0 + timedelta(seconds=30)
+    # the worker's beat reads the run and writes nothing (its own lease lasts two more beats)
     clock.advance(10)
-    beat = runs.heartbeat(started, deps, fencing_token=started.fencing_token)
-    assert beat.watch_at == FIRST_LOOK and beat.lease_expires_at == T0 + timedelta(seconds=40)
+    assert session.beat() == [] and session.lost(started.run_id) is None
+    assert session.renewals == 0 and _row_writes(deps, started) == started
     clock.advance(5)
     ended = runs.finish(started, deps, fencing_token=started.fencing_token, outcome=RunState.SUCCEEDED)
     assert ended.state is RunState.SUCCEEDED
@@ -62,19 +66,21 @@ def test_a_run_that_ends_before_its_first_look_never_moves_in_the_watchdog(deps:
     assert list(deps.store.query_overdue(run.shard, clock.now())) == []
 
 
-def test_a_long_run_is_watched_again_at_its_lease_end_and_a_dead_worker_is_found_within_lease_and_a_sweep(
+def test_a_run_started_late_is_rewatched_at_its_lease_end_and_a_dead_worker_found_within_lease_and_a_sweep(
     deps: Deps, clock
 ) -> None:
+    # Given a run (no worker session: its own lease only) started 20 s after its due time: lease to T0 + 50,
+    # the claim's watch time (its first look, T0 + 30) left as it was
     run = _submitted(deps)
-    started = runs.start(message_for(run), deps, owner="w1")
     clock.advance(20)
-    runs.heartbeat(started, deps, fencing_token=started.fencing_token)  # lease to T0 + 50
+    started = runs.start(message_for(run), deps, owner="w1")
+    assert (started.lease_expires_at, started.watch_at) == (T0 + timedelta(seconds=50), FIRST_LOOK)
     # At its first look the run is still running under a live lease: watched again at the lease's end
     clock.advance(10)
     assert _sweep_all(deps) == {"resent": 0, "leases_expired": 0, "rewatched": 1, "timeouts_handled": 0}
     now = deps.store.get_run(run.job_id, run.due_at)
     assert now is not None and now.state is RunState.RUNNING and now.watch_at == T0 + timedelta(seconds=50)
-    # The worker dies after that heartbeat: nothing happens before its lease ends, the attempt fails then
+    # The worker dies: nothing happens before its lease ends, the attempt fails then
     clock.advance(19.999)
     assert _sweep_all(deps)["leases_expired"] == 0
     clock.advance(0.001)
@@ -109,8 +115,8 @@ def test_a_pending_run_at_its_first_look_is_resent_only_once_its_grace_has_passe
 
 
 def test_a_start_whose_timeout_handler_is_due_before_the_first_look_watches_for_it(deps: Deps, clock) -> None:
-    # timeout 5 s: the handler is due at start + 5 + the job's kill grace (its default, 10 s) + one heartbeat
-    # (10 s) = T0 + 25, before the first look (T0 + 30)
+    # timeout 5 s: the handler is due at start + 5 + the job's kill grace (its default, 10 s) + one beat
+    # interval (10 s) = T0 + 25, before the first look (T0 + 30)
     run = _submitted(deps, timeout_seconds=5)
     started = runs.start(message_for(run), deps, owner="w1")
     assert run.on_timeout.kill_grace_seconds == 10
@@ -192,7 +198,7 @@ def _row_writes(deps: Deps, run: Run) -> Run:
 
 
 def test_a_long_run_held_by_a_live_session_is_never_written_while_it_runs(deps: Deps, clock) -> None:
-    # Given a run held by a worker session that renews every heartbeat interval (10 s)
+    # Given a run held by a worker session that beats every interval (10 s)
     session, [run] = _in_session(deps, clock)
     # When 10 minutes pass, the sweeper looking every 10 s
     for _ in range(60):
@@ -201,7 +207,8 @@ def test_a_long_run_held_by_a_live_session_is_never_written_while_it_runs(deps: 
         for shard in range(deps.settings.shard_count):
             result = sweep(shard, deps)
             assert (result.leases_expired, result.rewatched, result.sessions_revoked) == (0, 0, 0)
-    # Then the run's row is as its start wrote it (no heartbeat, no rewatch), still RUNNING under its token
+    # Then the run's row is as its start wrote it (not written at all, not even a rewatch), still RUNNING
+    # under its token
     assert _row_writes(deps, run) == run
     # (the first beat only reads the run: its own lease of 30 s lasted two more beats)
     assert session.renewals == 59 and session.lost(run.run_id) is None

@@ -1,4 +1,4 @@
-"""Worker + run lifecycle against moto: start, heartbeat, finish, fencing, duplicates, retries, logs."""
+"""Worker + run lifecycle against moto: start, finish, fencing, duplicates, retries, logs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.errors import LeaseLostError, StartRejectedError
 from duetime.domain.models import ContainerTask, OnTimeout, RetryPolicy, RunMessage, RunState
 from duetime.services import jobs, runs
+from duetime.services.sessions import WorkerSession
 from duetime.services.sweeper import sweep
 from duetime.services.worker import Worker
 from tests.helpers import drain
@@ -89,15 +90,19 @@ def test_a_finish_with_a_stale_fencing_token_is_rejected_and_recorded(deps: Deps
     job_id = _submit(deps, ["true"], retry=RetryPolicy(max_attempts=2, backoff_seconds=0))
     [pending] = deps.store.list_runs(job_id)
     msg = RunMessage(job_id=job_id, due_at=pending.due_at, attempt=1)
-    run_a = runs.start(msg, deps, owner="A")
+    session_a = WorkerSession(deps, "A", monotonic=lambda: clock.now().timestamp())
+    run_a = runs.start(msg, deps, owner="A", session_id=session_a.session_id)
+    session_a.hold(run_a)
     clock.advance(deps.settings.lease_seconds + 1)
     # When the sweeper expires the lease (worker_lost, token bumped) and attempt 2 is started by worker B
     assert sweep(run_a.shard, deps).leases_expired == 1
     run_b = runs.start(RunMessage(job_id=job_id, due_at=pending.due_at, attempt=2), deps, owner="B")
     assert run_b.fencing_token == 3
-    # Then A's heartbeat and finish are rejected, never applied, and the rejection is in the run's history
-    with pytest.raises(LeaseLostError):
-        runs.heartbeat(run_a, deps, fencing_token=run_a.fencing_token)
+    # Then A's session, at its next beat, finds the run superseded (read only: nothing written to the run)
+    session_a.beat()
+    lost = session_a.lost(run_a.run_id)
+    assert lost is not None and lost.why == "fencing token superseded" and lost.cancelled is None
+    # And A's finish is rejected, never applied, and the rejection is in the run's history
     with pytest.raises(LeaseLostError):
         runs.finish(run_a, deps, fencing_token=run_a.fencing_token, outcome=RunState.SUCCEEDED, exit_code=0)
     now = deps.store.get_run(job_id, pending.due_at)
@@ -108,17 +113,6 @@ def test_a_finish_with_a_stale_fencing_token_is_rejected_and_recorded(deps: Deps
     # And B's own finish is applied
     done = runs.finish(run_b, deps, fencing_token=3, outcome=RunState.SUCCEEDED, exit_code=0)
     assert done.state is RunState.SUCCEEDED
-
-
-def test_a_heartbeat_extends_the_lease_only_for_the_current_token(deps: Deps, clock) -> None:
-    job_id = _submit(deps, ["true"])
-    [pending] = deps.store.list_runs(job_id)
-    run = runs.start(RunMessage(job_id=job_id, due_at=pending.due_at, attempt=1), deps, owner="A")
-    clock.advance(20)
-    beat = runs.heartbeat(run, deps, fencing_token=1)
-    assert beat.lease_expires_at == clock.now() + timedelta(seconds=30)
-    with pytest.raises(LeaseLostError):
-        runs.heartbeat(run, deps, fencing_token=0)
 
 
 def test_a_failing_command_is_retried_by_its_delayed_wake_up_then_dead_lettered(deps: Deps, clock) -> None:

@@ -1,6 +1,6 @@
 """Worker slots: one worker process runs several tasks at once (``--slots N``), receiving up to its free slots
-per poll; each slot has its own lease, heartbeat and log, a lease lost on one kills only that task, and a
-SIGTERM hands every running run back. On the embedded (SQLite) adapters with a real clock."""
+per poll; each slot has its own run and log (one worker session holds them all), a run lost on one kills only
+that task, and a SIGTERM hands every running run back. On the embedded (SQLite) adapters with a real clock."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _settings(tmp_path: Path, **overrides: Any) -> Settings:
 
 @pytest.fixture
 def deps(tmp_path: Path) -> Deps:
-    """The embedded adapters in a fresh state directory, real time, heartbeats every 0.3 s."""
+    """The embedded adapters in a fresh state directory, real time, session beats every 0.3 s."""
     return sqlite_deps(_settings(tmp_path))
 
 
@@ -372,7 +372,7 @@ def test_a_lease_lost_on_one_slot_kills_only_that_task(
         _wait("both markers", lambda: {p.name for p in markers.iterdir()} == names, 5)
         groups = {int(p.read_text()) for p in markers.iterdir()}
         assert len(groups) == 2 and all(_group_alive(g) for g in groups)
-        # When A is cancelled (its slot's next heartbeat is rejected)
+        # When A is cancelled (the session's next beat finds it cancelled)
         cancelled_at = time.monotonic()
         jobs.cancel_run(_run(deps, a).run_id, tenant="t1", deps=deps)
         # Then A's task is killed at once, B's goes on

@@ -1,7 +1,7 @@
 """Deterministic simulation of Duetime (issues 4 and 15): FoundationDB's idea in miniature.
 
-The real services (``jobs.create_job``, ``claims.tick``, ``runs.start/heartbeat/finish`` through the real
-``Worker``, ``sweeper.sweep``) run in one process with a simulated clock
+The real services (``jobs.create_job``, ``claims.tick``, ``runs.start/finish`` and the worker session
+through the real ``Worker``, ``sweeper.sweep``) run in one process with a simulated clock
 (:class:`~duetime.domain.clock.FixedClock`) and an in-memory queue (:class:`SimQueue`, the interface of the
 ``RunQueue`` port, delays and visibility in simulated time), on one of two adapter sets (``backend``):
 
@@ -27,8 +27,8 @@ the core can swallow it, aborts that actor, which is restarted later as a superv
 (sqlite: ``ThrottledError``, the write lock taken past the busy timeout; aws: the SDK's retries exhausted,
 ``ProvisionedThroughputExceededException``), an ambiguous error after a write was applied (sqlite: a disk
 I/O error from the commit; aws: ``InternalServerError``), slow calls (time jumps while a call is in flight),
-lost, duplicated and twice-delivered queue messages, and worker pauses longer than the lease (heartbeats
-delayed past it).
+lost, duplicated and twice-delivered queue messages, and worker pauses longer than the lease (session
+beats delayed past it).
 
 Invariants (checked on every write and after each seed, the same on both backends): see
 :meth:`Simulation._check_write` and :meth:`Simulation._final_checks`.
@@ -119,7 +119,7 @@ class SimulatedCrash(BaseException):  # noqa: N818 - it is a crash, not an error
 
 @dataclass(frozen=True)
 class FaultRates:
-    """Probabilities, per AWS call (or per queue message / heartbeat wait), of each fault."""
+    """Probabilities, per AWS call (or per queue message / session beat wait), of each fault."""
 
     crash_before: float = 0.008
     crash_after: float = 0.008
@@ -321,8 +321,9 @@ class SimWorker(Worker):
     """The real :class:`~duetime.services.worker.Worker` (receive, start, finish, delete) whose task is simulated.
 
     The task never spawns a process: it is an effect-log append (run id, attempt, fencing token) at execute
-    time, then a wait in simulated time. The wait loop mirrors ``Worker._run_task``: heartbeat every
-    ``heartbeat_seconds``, stop at the timeout, and stop ("kill the task") when a heartbeat is rejected.
+    time, then a wait in simulated time. The wait loop mirrors ``Worker._run_task``: the session beats every
+    ``heartbeat_seconds``, stop at the timeout, and stop ("kill the task") when the session finds the run
+    lost.
     """
 
     def __init__(self, sim: Simulation, tier: str, owner: str) -> None:
@@ -901,9 +902,7 @@ def _port_conditions(
     a = bound.arguments
     equal: dict[str, Any] = {}
     other: list[tuple[str, Callable[[Mapping[str, Any]], bool]]] = []
-    if name == "heartbeat":
-        equal = {"state": _RUNNING, "fencing_token": a["fencing_token"]}
-    elif name == "end_attempt":
+    if name == "end_attempt":
         end = a["end"]
         equal = {"state": _RUNNING, "fencing_token": end.expected_token}
         if end.lease_expired_by is not None:
@@ -1357,13 +1356,13 @@ class Simulation:
 
     def _check_write(self, key: tuple[str, str], p: dict[str, Any], n: dict[str, Any]) -> None:
         """Invariants on one accepted write of a run (``p`` before, ``n`` after); the equalities it was
-        conditioned on are checked by :meth:`observe_run` (no stale-token heartbeat, finish or expiry
+        conditioned on are checked by :meth:`observe_run` (no stale-token finish, rewatch or expiry
         applied)."""
         ps, ns = p["state"], n["state"]
         pt, nt = int(p.get("fencing_token", 0)), int(n.get("fencing_token", 0))
         op = self._my_op()
         lease_write = ps == "RUNNING" and ns != "CANCELLED" and _changed(p, n) - {"events"}
-        # a worker's heartbeat or finish (not a note in the run's events): applied only under the token of
+        # a worker's finish (not a note in the run's events): applied only under the token of
         # the lease the worker holds
         if (
             op is not None

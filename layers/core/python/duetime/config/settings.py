@@ -117,10 +117,11 @@ class Settings(BaseModel):
     @property
     def first_watch_seconds(self) -> float:
         """Seconds after a run's due time (or a retry's wake-up) at which the sweeper first looks at it: the
-        sooner of the pending grace and the lease. A start and heartbeats leave the watch time (so a run
-        that ends sooner never moves in the watchdog index); at this first look the sweeper finds a worker
-        that died early in the run (within its lease + one sweep), moves a run still running to its lease's
-        end, and leaves a run still PENDING until its pending grace has passed before re-sending it."""
+        sooner of the pending grace and the lease. A start leaves the watch time, and a worker writes
+        nothing to a running run's row (so a run that ends sooner never moves in the watchdog index); at
+        this first look the sweeper finds a worker that died early in the run (within its lease + one
+        sweep), moves a run still running to its lease's end, and leaves a run still PENDING until its
+        pending grace has passed before re-sending it."""
         return min(self.pending_grace_seconds, self.lease_seconds)
 
     def queue_url(self, tier: str) -> str:

@@ -48,7 +48,7 @@ class StartRejectedError(DuetimeError):
 
 
 class LeaseLostError(DuetimeError):
-    """A heartbeat or finish carried a fencing token that is no longer current.
+    """A finish (or another write of the run) carried a fencing token that is no longer current.
 
     The worker holding that token has lost the run and must stop its task.
     """

@@ -82,8 +82,8 @@ class AttemptEnd:
         dead_lettered: the run ends terminal with a retryable outcome and no attempts left.
         timeout_action, timeout_outcome: for a TIMED_OUT attempt, the ``on_timeout`` action and what it did.
         bump_token: raise the fencing token (lease expiry and the timeout handler fence the stuck worker).
-        lease_expired_by: also require ``lease_expires_at <= this`` (lease expiry: a heartbeat that renewed
-            the lease meanwhile wins).
+        lease_expired_by: also require ``lease_expires_at <= this`` (lease expiry: never before the run's
+            own lease ends).
         timeout_execution: the timeout handler's execution name, recorded on the run.
         result_json, result_truncated: a Lambda function's response (JSON text), or that it was too large.
     """
@@ -253,7 +253,7 @@ def build_run(
 
     It is watched from ``max(due_at, now) + watch_after_seconds`` (:attr:`Settings.first_watch_seconds`: the
     sweeper's first look, which re-sends a lost wake-up once the pending grace has passed and finds a worker
-    that died early in the run; a start and heartbeats leave the watch time), or from its starting deadline
+    that died early in the run; a start leaves the watch time), or from its starting deadline
     when that comes first (``job.starting_deadline_seconds`` after ``due_at``).
     """
     grace = timedelta(seconds=watch_after_seconds)

@@ -217,18 +217,6 @@ class RunStore(Protocol):
         applies them in one transaction (a fault of it raises, and none was applied), DynamoDB in one
         conditional UpdateItem each."""
 
-    def heartbeat(
-        self,
-        job_id: str,
-        due_at: datetime,
-        *,
-        fencing_token: int,
-        lease_expires_at: datetime,
-        watch_at: datetime | None = None,
-    ) -> Run:
-        """Extend the lease while RUNNING under ``fencing_token`` (and, given ``watch_at``, set the watch
-        time; None leaves it). Raises LeaseLostError otherwise."""
-
     def rewatch_running(
         self, job_id: str, due_at: datetime, *, fencing_token: int, watch_at: datetime
     ) -> Run | None:
@@ -236,10 +224,11 @@ class RunStore(Protocol):
         moved on.
 
         A run's watch time is a lower bound of the moment the sweeper must look at it, moved later lazily:
-        a start and a heartbeat leave it (with a KEYS_ONLY watchdog index that costs no index write), a
-        start moves it earlier only for a deadline due before it, and the sweeper, finding a RUNNING run
-        whose lease and deadline are still ahead, moves it to the sooner of the two with this call. So a
-        run that ends before its claim-time watch time (its due time + the pending grace) never moves."""
+        a start leaves it (with a KEYS_ONLY watchdog index that costs no index write) and its worker
+        writes nothing to a running run's row until its attempt ends, a start moves it earlier only for a
+        deadline due before it, and the sweeper, finding a RUNNING run whose lease and deadline are still
+        ahead, moves it to the sooner of the two with this call. So a run that ends before its claim-time
+        watch time (its due time + the pending grace) never moves."""
 
     def end_attempt(self, end: AttemptEnd) -> Run:
         """Apply ``end`` while the run is RUNNING under ``end.expected_token`` (and, with
@@ -298,7 +287,8 @@ class RunStore(Protocol):
         self, run: Run, *, reason: str, now: datetime, record: AttemptRecord | None = None
     ) -> Run | None:
         """``run``, still in its state under its fencing token -> CANCELLED, the token raised (a running
-        worker's next heartbeat fails), ``record`` appended for a RUNNING attempt. None if it moved on."""
+        worker's session finds it at its next beat), ``record`` appended for a RUNNING attempt. None if it
+        moved on."""
 
     def redrive(self, run: Run, *, now: datetime, watch_at: datetime) -> Run | None:
         """A terminal ``run`` (still in its state at its attempt) -> PENDING at ``attempt + 1`` with a fresh

@@ -730,8 +730,8 @@ def delete_job(job_id: str, *, tenant: str, deps: Deps, cancel_running: bool = F
 
 
 def cancel_run(run_id: str, *, tenant: str, deps: Deps) -> Run:
-    """Cancel a run: a PENDING one never starts; a RUNNING one's worker is fenced off (its next heartbeat is
-    rejected) and kills the task; a RETRY_WAIT one is not retried.
+    """Cancel a run: a PENDING one never starts; a RUNNING one's worker is fenced off (its session finds it
+    at its next beat) and kills the task; a RETRY_WAIT one is not retried.
 
     Raises:
         NotFoundError; ConflictError if the run already ended.

@@ -2,9 +2,10 @@
 
 Dispatch (the ``lambda`` tier's SQS consumer, one record at a time):
 1. **Claim**: ``runs.start`` (PENDING -> RUNNING, fencing token + 1) with a lease sized to the function's
-   timeout (the run's ``timeout_seconds`` plus :data:`LAMBDA_LEASE_MARGIN_SECONDS`): nothing heartbeats
-   for a Lambda run. A rejected start (a duplicate or stale delivery, or the overlap policy) drops the
-   record; it is never a batch failure. So one attempt is invoked at most once, whatever SQS redelivers.
+   timeout (the run's ``timeout_seconds`` plus :data:`LAMBDA_LEASE_MARGIN_SECONDS`): no worker session
+   holds a Lambda run, only its own lease. A rejected start (a duplicate or stale delivery, or the overlap
+   policy) drops the record; it is never a batch failure. So one attempt is invoked at most once, whatever
+   SQS redelivers.
 2. **Invoke** the function asynchronously (``InvocationType="Event"``) with the run's envelope::
 
        {"duetime": {"run_id", "job_id", "attempt", "fencing_token", "due_at", "timeout_seconds"},

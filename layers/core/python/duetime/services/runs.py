@@ -1,10 +1,12 @@
-"""Run lifecycle: start, heartbeat, finish, retry and lease expiry (DESIGN.md section 5).
+"""Run lifecycle: start, finish, retry and lease expiry (DESIGN.md section 5).
 
 Every transition is one conditional write through the run store port (:class:`duetime.domain.ports.RunStore`):
 - start: ``PENDING -> RUNNING`` if state = PENDING and attempt = expected; ``fencing_token += 1``.
-- heartbeat: extends the lease only while state = RUNNING and the fencing token is the caller's.
 - finish: to a terminal state (or RETRY_WAIT) only under the caller's fencing token; a stale finish is
   rejected, recorded in the run's ``events``, and never applied.
+
+While a run is RUNNING its worker writes nothing to its row: its worker's session
+(:mod:`duetime.services.sessions`) holds it once its own lease (from its start) has passed.
 """
 
 from __future__ import annotations
@@ -554,8 +556,8 @@ def skip_pending(job_id: str, due_at: datetime, deps: Deps, *, attempt: int, rea
 
 
 def cancel(job_id: str, due_at: datetime, deps: Deps, *, reason: str) -> Run | None:
-    """Any non-terminal state -> CANCELLED, fencing token bumped so a running worker's next heartbeat is
-    rejected and it kills its task. A RUNNING attempt is recorded in ``attempts`` (reason ``cancelled``,
+    """Any non-terminal state -> CANCELLED, fencing token bumped so a running worker's session finds it at
+    its next beat and kills the task. A RUNNING attempt is recorded in ``attempts`` (reason ``cancelled``,
     with the log key its worker uploads to). Returns None if the run was already terminal (or absent)."""
     for _ in range(3):  # re-read if the run moves on between the read and the conditional write
         run = deps.store.get_run(job_id, due_at)
@@ -595,7 +597,7 @@ def after_terminal(run: Run, deps: Deps) -> None:
 
 def handler_due_at(deadline_at: datetime, kill_grace_seconds: float, deps: Deps) -> datetime:
     """When the sweeper steps in for an attempt past its deadline: the worker gets its kill grace plus one
-    heartbeat interval to enforce the timeout itself first."""
+    beat interval (``heartbeat_seconds``) to enforce the timeout itself first."""
     return deadline_at + timedelta(seconds=kill_grace_seconds + deps.settings.heartbeat_seconds)
 
 
@@ -607,19 +609,6 @@ def running_watch_at(
     if deadline_at is None:
         return lease_expires_at
     return min(lease_expires_at, handler_due_at(deadline_at, kill_grace_seconds, deps))
-
-
-def heartbeat(run: Run, deps: Deps, *, fencing_token: int) -> Run:
-    """Extend the lease by ``lease_seconds`` from now.
-
-    Raises:
-        LeaseLostError: the caller no longer holds the run; it must stop the task at once.
-    """
-    lease_expires_at = deps.clock.now() + timedelta(seconds=deps.settings.lease_seconds)
-    # the watch time stays (no watchdog index write): the sweeper moves it when it comes due
-    return deps.store.heartbeat(
-        run.job_id, run.due_at, fencing_token=fencing_token, lease_expires_at=lease_expires_at
-    )
 
 
 @dataclass(frozen=True)
@@ -861,7 +850,7 @@ def expire_lease(run: Run, deps: Deps) -> Run:
     The fencing token is bumped so a paused worker that wakes up is rejected. Retry rules then apply.
 
     Raises:
-        LeaseLostError: the run changed meanwhile (heartbeat renewed it, or it finished): nothing applied.
+        LeaseLostError: the run changed meanwhile (it finished, or another attempt started): nothing applied.
     """
     now = deps.clock.now()
     end = decide_attempt_end(
@@ -874,7 +863,7 @@ def expire_lease(run: Run, deps: Deps) -> Run:
         error=(
             "worker lost: its session was not renewed"
             if run.session_id is not None
-            else "worker lost: lease expired without a heartbeat"
+            else "worker lost: its lease expired"
         ),
         # the worker streamed the attempt's output in chunks while it ran: what it sent before dying stays
         log_key=log_key(run.job_id, run.run_id, run.attempt),

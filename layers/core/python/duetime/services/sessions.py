@@ -7,8 +7,9 @@ heartbeat intervals needs the session. So every ``heartbeat_seconds``, while it 
 their rows (one batch read, read units only) to learn which were cancelled or fenced (their state or
 fencing token changed), marking those lost: their slots kill the tasks and do not finish them; and only if
 some held run needs it, it writes the session (created at its first renewal) with the ids of every run it
-holds: one write per worker per interval, whatever it runs (a per-run heartbeat wrote each run's row; a 60 s
-run cost 8 write units more than a 1 s run). A worker that only runs short tasks never writes its session.
+holds: one write per worker per interval, whatever it runs (the per-run heartbeat it replaced wrote each
+run's row; a 60 s run cost 8 write units more than a 1 s run). A worker that only runs short tasks never
+writes its session.
 
 The sweeper expires a RUNNING run of a session only once both the run's own lease (from its start) has
 passed and the session no longer holds it (:func:`~duetime.domain.lifecycle.lease_held`): expired, revoked,

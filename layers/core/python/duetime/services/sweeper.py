@@ -8,7 +8,7 @@ action is a conditional update, so running it twice at once is safe:
   unless attempt 1 is past its starting deadline: then it is SKIPPED. A run is first looked at sooner
   (:attr:`~duetime.config.settings.Settings.first_watch_seconds`): still PENDING then, it is watched again
   at the end of its grace.
-- RUNNING past its deadline (plus the worker's kill grace and one heartbeat): the worker is stuck or cut
+- RUNNING past its deadline (plus the worker's kill grace and one beat interval): the worker is stuck or cut
   off; the timeout-handler state machine fences the attempt and applies ``on_timeout`` (:mod:`timeouts`).
 - RUNNING on a container worker (``session_id`` set): its lease is its worker session's
   (:func:`~duetime.domain.lifecycle.lease_held`; the sessions of a page of runs read in one batch). While it
@@ -211,9 +211,9 @@ def _defer(run: Run, watch_at: datetime, deps: Deps) -> bool:
 
 
 def _rewatch(run: Run, deps: Deps) -> bool:
-    """A RUNNING run whose watch time came while its lease and deadline are still ahead (heartbeats renew
-    the lease without moving the watch time): watch it again at the sooner of the two. False if it moved
-    on."""
+    """A RUNNING run whose watch time came while its lease and deadline are still ahead (a start after its
+    due time leaves the claim's watch time, before its lease's end): watch it again at the sooner of the
+    two. False if it moved on."""
     assert run.lease_expires_at is not None
     watch_at = running_watch_at(
         run.lease_expires_at, run.deadline_at, run.on_timeout.kill_grace_seconds, deps

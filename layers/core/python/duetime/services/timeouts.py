@@ -8,8 +8,8 @@ second start is a no-op (DESIGN.md section 5). The execution:
 1. **Fence**: one conditional DynamoDB UpdateItem ends the attempt as TIMED_OUT (or RETRY_WAIT for
    ``on_timeout.action = retry`` with attempts left) and bumps the fencing token, only if the run is still
    RUNNING under the stuck worker's token. If the worker finished first, the condition fails and the
-   execution ends (``AlreadySettled``): one outcome, never two. The stuck worker's next heartbeat or finish
-   is rejected and it kills its task.
+   execution ends (``AlreadySettled``): one outcome, never two. The stuck worker's session finds the run
+   fenced at its next beat and kills its task; its finish is rejected.
 2. **Stop the task** where the platform allows (ECS StopTask, for a per-task container ARN).
 3. **Apply ``on_timeout``**: ``retry`` sends the next attempt's message with the backoff delay (SQS);
    ``trigger`` puts the triggered job's run (conditional, idempotent) and sends its message; ``fail`` is

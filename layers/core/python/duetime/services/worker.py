@@ -1263,9 +1263,10 @@ class Worker:
     def _supervise(
         self, run: Run, token: int, out: IO[bytes], received: ReceivedMessage, proc: TaskProcess
     ) -> TaskOutcome:
-        """Wait for the task, heartbeating, streaming its output and enforcing its deadline; stop it if the
-        lease is lost or the worker is told to stop (looked at every 0.5 s). Runs in the task's slot's
-        thread: its run, token and process only."""
+        """Wait for the task, streaming its output and enforcing its deadline; stop it if the run is lost
+        (the worker session's beat found it cancelled or fenced, or its lease ended by the worker's clock)
+        or the worker is told to stop (looked at every 0.5 s). Runs in the task's slot's thread: its run,
+        token and process only."""
         exited = ExitWaiter(proc)
         try:
             return self._watch(run, token, out, received, proc, exited)

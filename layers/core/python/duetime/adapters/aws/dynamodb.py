@@ -1172,29 +1172,6 @@ class DynamoStore:
             ),
         )
 
-    def heartbeat(
-        self,
-        job_id: str,
-        due_at: datetime,
-        *,
-        fencing_token: int,
-        lease_expires_at: datetime,
-        watch_at: datetime | None = None,
-    ) -> Run:
-        """Extend the lease if ``fencing_token`` is still current and the run RUNNING.
-
-        Raises:
-            LeaseLostError: the token is stale or the run is no longer RUNNING; stop the task.
-        """
-        upd = Update(conditions={"state": RunState.RUNNING.value, "fencing_token": fencing_token})
-        upd.sets["lease_expires_at"] = lease_expires_at
-        if watch_at is not None:  # else the watch key stays: no watchdog index write (KEYS_ONLY)
-            upd.sets["watch_at"] = watch_at
-        try:
-            return self._update_run(job_id, due_at, upd)
-        except ConditionFailedError:
-            raise LeaseLostError(f"lease on {job_id}@{to_iso(due_at)} token {fencing_token} lost") from None
-
     def rewatch_running(
         self, job_id: str, due_at: datetime, *, fencing_token: int, watch_at: datetime
     ) -> Run | None:
@@ -1251,8 +1228,8 @@ class DynamoStore:
         """Apply ``end`` in one conditional write under ``end.expected_token``.
 
         Raises:
-            LeaseLostError: the token is stale, the run is not RUNNING, or (``end.lease_expired_by``) a
-                heartbeat renewed the lease meanwhile; nothing was applied.
+            LeaseLostError: the token is stale, the run is not RUNNING, or (``end.lease_expired_by``) its
+                lease had not ended by then; nothing was applied.
         """
         try:
             return self._update_run(end.job_id, end.due_at, self._end_attempt_update(end))
@@ -1355,7 +1332,7 @@ class DynamoStore:
         self, run: Run, *, reason: str, now: datetime, record: AttemptRecord | None = None
     ) -> Run | None:
         """``run`` -> CANCELLED if it is still in the state and under the fencing token read; the token is
-        raised so a running worker's next heartbeat is rejected. None if it moved on."""
+        raised so a running worker's session finds it at its next beat. None if it moved on."""
         upd = Update(conditions={"state": run.state.value, "fencing_token": run.fencing_token})
         upd.sets.update(state=RunState.CANCELLED.value, finished_at=now, error=reason)
         upd.adds["fencing_token"] = 1

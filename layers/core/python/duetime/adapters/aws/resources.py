@@ -160,7 +160,7 @@ def runs_table_definition(name: str) -> dict[str, Any]:
                     {"AttributeName": WATCH_INDEX_PK, "KeyType": "HASH"},
                     {"AttributeName": WATCH_INDEX_SK, "KeyType": "RANGE"},
                 ],
-                # keys only: a run's writes that leave its watch key (heartbeats, events, most starts) cost
+                # keys only: a run's writes that leave its watch key (events, most starts) cost
                 # the index nothing; the sweeper reads the few overdue runs whole (BatchGetItem)
                 "Projection": {"ProjectionType": "KEYS_ONLY"},
             },

@@ -919,35 +919,6 @@ class SqliteStore:
         ]
         return started, ended
 
-    def heartbeat(
-        self,
-        job_id: str,
-        due_at: datetime,
-        *,
-        fencing_token: int,
-        lease_expires_at: datetime,
-        watch_at: datetime | None = None,
-    ) -> Run:
-        """Extend the lease while RUNNING under ``fencing_token``.
-
-        Raises:
-            LeaseLostError: the token is stale or the run is no longer RUNNING; stop the task.
-        """
-        run = self._update_run(
-            job_id,
-            due_at,
-            lambda row: (
-                row.get("state") == RunState.RUNNING.value and row.get("fencing_token") == fencing_token
-            ),
-            lambda row: row.edit(
-                sets={"lease_expires_at": lease_expires_at}
-                | ({"watch_at": watch_at} if watch_at is not None else {})
-            ),
-        )
-        if run is None:
-            raise LeaseLostError(f"lease on {job_id}@{to_iso(due_at)} token {fencing_token} lost")
-        return run
-
     def rewatch_running(
         self, job_id: str, due_at: datetime, *, fencing_token: int, watch_at: datetime
     ) -> Run | None:
@@ -967,8 +938,8 @@ class SqliteStore:
         ``end.lease_expired_by``, its ``lease_expires_at <= end.lease_expired_by``).
 
         Raises:
-            LeaseLostError: the token is stale, the run is not RUNNING, or a heartbeat renewed the lease
-                meanwhile; nothing was applied.
+            LeaseLostError: the token is stale, the run is not RUNNING, or (``end.lease_expired_by``) its
+                lease had not ended by then; nothing was applied.
         """
         [ended] = self.end_attempts([end])
         if isinstance(ended, Exception):

@@ -128,3 +128,35 @@ def test_slots_page_newest_first_with_one_token_and_bad_input_is_a_400(api: Modu
         status, body, _ = call(api, "GET", f"/jobs/{job_id}/slots", query={**WINDOW, **bad})
         assert status == 400 and field in str(body), (bad, body)
     assert call(api, "GET", "/jobs/job-absent/slots")[0] == 404
+
+
+def test_the_default_window_is_the_last_day_up_to_now_and_a_token_or_window_that_cannot_be_is_a_400(
+    api: ModuleType, deps: Deps, clock: Any
+) -> None:
+    # Given two rate(1 minute) jobs submitted at 12:00, read at 12:05:30
+    _, job, _ = call(api, "POST", "/jobs", RATE)
+    _, other, _ = call(api, "POST", "/jobs", {**RATE, "name": "other"})
+    clock.advance(330)
+    _tick(deps)
+    # When the slots are read without a window: the past only (did it run?), 12:05 back to 12:01
+    status, body, _ = call(api, "GET", f"/jobs/{job['job_id']}/slots")
+    assert status == 200
+    assert [s["due_at"][11:16] for s in body["slots"]] == ["12:05", "12:04", "12:03", "12:02", "12:01"]
+    # Then a token of another job's slots, or a window that ends before it starts, is a 400 naming the field
+    _, paged, _ = call(api, "GET", f"/jobs/{job['job_id']}/slots", query={"limit": "2"})
+    assert paged["next_token"]
+    status, body, _ = call(
+        api, "GET", f"/jobs/{other['job_id']}/slots", query={"next_token": paged["next_token"]}
+    )
+    assert status == 400 and body["error"]["field"] == "next_token"
+    status, body, _ = call(
+        api,
+        "GET",
+        f"/jobs/{job['job_id']}/slots",
+        query={"since": "2026-11-29T12:05:00Z", "until": "2026-11-29T12:01:00Z"},
+    )
+    assert status == 400 and body["error"]["field"] == "until"
+    # And a paused job's future slots say it is paused
+    call(api, "POST", f"/jobs/{job['job_id']}/pause")
+    later = _slots(api, job["job_id"], since="2026-11-29T12:07:00Z", until="2026-11-29T12:08:00Z")
+    assert later == [("12:08", "upcoming", "paused"), ("12:07", "upcoming", "paused")]

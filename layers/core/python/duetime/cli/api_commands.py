@@ -215,7 +215,7 @@ def jobs_slots(
         str | None, typer.Option(help="due at or after (ISO-8601 with offset; default 24 h ago)")
     ] = None,
     until: Annotated[
-        str | None, typer.Option(help="due at or before (ISO-8601 with offset; default in 1 h)")
+        str | None, typer.Option(help="due at or before (ISO-8601 with offset; default now)")
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
     next_token: Annotated[str | None, typer.Option()] = None,

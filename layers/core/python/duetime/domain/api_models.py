@@ -303,7 +303,7 @@ class SlotResponse(BaseModel):
     reason: str | None = Field(
         default=None,
         description="skipped/missed: why (overlap, paused, starting_deadline_exceeded, deleted, "
-        "schedule_changed, cancelled, missed); pending: held (paused) if so",
+        "schedule_changed, cancelled, missed); pending or upcoming: paused if the job is paused",
     )
     lag_seconds: float | None = Field(default=None, description="ran: seconds from due time to its start")
 

@@ -12,10 +12,11 @@ A **slot** is one due time of the job's schedule. Its outcome comes from the run
   without a run);
 - ``pending``: its run is claimed but not started yet, or it is due and not claimed yet (the tick claims
   up to a tick period ahead; a paused job's slots wait for the resume, whose catch-up policy decides);
-- ``upcoming``: due later than now.
+- ``upcoming``: due later than now (reason ``paused`` while the job is paused: it runs only if resumed).
 
 Slots before the job's last schedule change (``Job.schedule_changed_at``) are the runs recorded then (the
-current schedule never produced them); from it on, the current schedule's fires, each matched with its run.
+current schedule never produced them); from it on, the current schedule's fires, each matched with its run,
+and the runs the old schedule had claimed ahead past the change (``skipped``, ``schedule_changed``).
 Runs that are not slots (manual triggers, backfills, runs a timeout triggered) are left out. A DELETED job
 has no slots after its deletion. Newest first, paged like the other listings.
 """
@@ -30,15 +31,15 @@ from datetime import datetime, timedelta
 
 from duetime.domain.admission import schedule_of
 from duetime.domain.api_models import schedule_lag
-from duetime.domain.errors import PageTokenError
+from duetime.domain.errors import PageTokenError, RequestFieldError
 from duetime.domain.models import Job, JobState, Run, RunState, Trigger
 from duetime.domain.timeutil import from_epoch_ms, to_epoch_ms
 from duetime.services.deps import Deps
 from duetime.services.jobs import get_job
 
-#: the window a request without ``since`` looks back over, and without ``until`` ahead of now
+#: the window a request without ``since`` looks back over; without ``until`` it ends now (the question is
+#: "did it run?": the past; ask for ``until`` in the future to see upcoming slots too)
 DEFAULT_LOOKBACK = timedelta(hours=24)
-DEFAULT_LOOKAHEAD = timedelta(hours=1)
 #: runs read per store page while matching slots
 _RUNS_PAGE = 100
 #: the triggers whose runs are slots of the schedule (a run-now job's one run included)
@@ -58,19 +59,24 @@ class Slot:
     lag_seconds: float | None = None
 
 
-def _encode(cursor: datetime) -> str:
-    return base64.urlsafe_b64encode(f"slots:{to_epoch_ms(cursor)}".encode()).decode().rstrip("=")
+def _encode(job_id: str, cursor: datetime) -> str:
+    """A page token: the job's id and the cursor (the last slot's due time); a token of another job's
+    listing is refused. It carries nothing secret: forged, it only moves the window's end earlier."""
+    return base64.urlsafe_b64encode(f"slots:{job_id}:{to_epoch_ms(cursor)}".encode()).decode().rstrip("=")
 
 
-def _decode(token: str) -> datetime:
+def _decode(job_id: str, token: str) -> datetime:
     try:
         text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        kind, _, ms = text.partition(":")
+        kind, owner, ms = text.split(":")
         if kind != "slots" or not ms.isdigit():
             raise ValueError(text)
-        return from_epoch_ms(int(ms))
+        cursor = from_epoch_ms(int(ms))
     except (ValueError, binascii.Error, UnicodeDecodeError, OverflowError, OSError):
         raise PageTokenError("next_token: not a token of this listing") from None
+    if owner != job_id:
+        raise PageTokenError("next_token: a token of another job's slots; start again without it")
+    return cursor
 
 
 def _fires(job: Job, since: datetime, before: datetime, boundary: datetime) -> Iterator[datetime]:
@@ -117,7 +123,8 @@ def _outcome(run: Run) -> Slot:
 def _unclaimed(job: Job, due_at: datetime, now: datetime) -> Slot:
     """A slot no run was recorded for."""
     if due_at > now:
-        return Slot(due_at, "upcoming")
+        # a paused job's later slots run only if it is resumed in time
+        return Slot(due_at, "upcoming", reason="paused" if job.state is JobState.PAUSED else None)
     if job.state is JobState.PAUSED and job.paused_at is not None and due_at >= job.paused_at:
         return Slot(due_at, "pending", reason="paused")  # the resume's catch-up policy decides
     if job.next_fire_at is not None and due_at >= job.next_fire_at:
@@ -135,20 +142,23 @@ def list_slots(
     limit: int = 50,
     next_token: str | None = None,
 ) -> tuple[list[Slot], str | None]:
-    """The caller's job's slots due in ``[since, until]`` (UTC; default the last 24 h to an hour ahead),
-    newest first, ``limit`` to a page, and the next page's token (None on the last page).
+    """The caller's job's slots due in ``[since, until]`` (UTC; default the last 24 h up to now), newest
+    first, ``limit`` to a page, and the next page's token (None on the last page).
 
     Raises:
         NotFoundError: the job is absent or another tenant's.
-        PageTokenError: ``next_token`` is not a token of this listing.
+        PageTokenError: ``next_token`` is not a token of this job's slots.
+        RequestFieldError: ``until`` is before ``since``.
     """
     job = get_job(job_id, tenant=tenant, deps=deps)
     now = deps.clock.now()
-    since = since or now - DEFAULT_LOOKBACK
-    until = until or now + DEFAULT_LOOKAHEAD
+    until = until or now
+    since = since or min(until, now) - DEFAULT_LOOKBACK
+    if until < since:
+        raise RequestFieldError("until: before since; the window would be empty", "until")
     before = until + _MS  # exclusive
     if next_token is not None:
-        before = min(before, _decode(next_token))
+        before = min(before, _decode(job.job_id, next_token))
     if job.state is JobState.DELETED:
         before = min(before, job.updated_at + _MS)
     # the current schedule's slots start at its last change (or the job's creation)
@@ -165,5 +175,5 @@ def list_slots(
     slots = [_outcome(by_due[d]) if d in by_due else _unclaimed(job, d, now) for d in page]
     # each source gave its newest limit + 1 (or all it has), so the union's newest limit are right, and more
     # than limit of them means another page
-    token = _encode(page[-1]) if len(dues) > limit else None
+    token = _encode(job.job_id, page[-1]) if len(dues) > limit else None
     return slots, token

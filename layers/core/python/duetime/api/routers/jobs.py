@@ -148,7 +148,7 @@ def list_slots(
         datetime | None, Query(description="due at or after, ISO-8601 with offset (default: 24 h ago)")
     ] = None,
     until: Annotated[
-        datetime | None, Query(description="due at or before, ISO-8601 with offset (default: in 1 h)")
+        datetime | None, Query(description="due at or before, ISO-8601 with offset (default: now)")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     next_token: Annotated[str | None, Query(max_length=2048)] = None,

@@ -609,7 +609,7 @@ class LocalStack:
             # the demo jobs belong to the first tenant by name (the API answers 401 without a token)
             token, tenant = min(self.options.tenants.items(), key=lambda item: (item[1], item[0]))
             headers["Authorization"] = f"Bearer {token}"
-            print(f"demo: the demo jobs are tenant {tenant!r}'s", flush=True)
+            print(f"demo: the demo jobs belong to tenant {tenant!r}", flush=True)
         for body in json.loads(text):
             # a demo job's id is its name: a restart of a durable stack finds it instead of adding another
             body.setdefault("job_id", body.get("name"))
@@ -625,7 +625,13 @@ class LocalStack:
                 )
             except urllib.error.HTTPError as exc:
                 if exc.code == 409:
-                    print(f"demo: job {body['job_id']} is already there", flush=True)
+                    # job ids are global: the job may be another tenant's, e.g. the tenant 'local' of a start
+                    # without --tenant on the same state directory
+                    print(
+                        f"demo: job {body['job_id']} is already there (jobs made by a start without --tenant"
+                        " belong to tenant 'local': add --tenant local:TOKEN to reach them)",
+                        flush=True,
+                    )
                     continue
                 print(f"demo: {body.get('name')!r} rejected: {exc.read().decode()}", flush=True)
 

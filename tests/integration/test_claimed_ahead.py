@@ -127,6 +127,8 @@ def test_a_pause_longer_than_the_look_ahead_counts_the_unclaimed_slots_and_lates
     assert all(_state(deps, r)[:2] == ("SKIPPED", "paused") for r in claimed)
     stored = deps.store.get_job(job.job_id)
     assert stored is not None and stored.missed_slots == 59
+    # (and the resume's answer says so too: it shows the job as stored after the held runs were skipped)
+    assert resumed.missed_slots == 59
     # And the schedule continues from its first slot after now
     assert resumed.next_fire_at is not None and resumed.next_fire_at > clock.now()
 

@@ -643,7 +643,8 @@ def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
     if nxt is None and job.schedule is not None:
         deps.store.add_active_jobs(job.tenant, -1)  # COMPLETED: no longer counts against the quota
     release_held(job_id, resumed, deps, known=known)
-    return _claim_due_now(resumed, deps)
+    # (the held runs it skipped added to missed_slots: the answer shows the job as stored now)
+    return _claim_due_now(deps.store.get_job(job_id) or resumed, deps)
 
 
 def _pending_first_attempts(job_id: str, deps: Deps, *, since: datetime, until: datetime) -> list[Run]:

@@ -630,6 +630,10 @@ class Worker:
             ended_at=self.deps.clock.now(),
         )
 
+    def _hand_back(self, message: ReceivedMessage, run: Run, *, error: str = "worker stopped") -> _Ended:
+        """The end that hands ``run`` back (:meth:`_handed_back`), its task never run (or not to its end)."""
+        return _Ended(message, self._handed_back(run, error=error), _STOPPED)
+
     def _release(self, slot: Slot) -> None:
         """Free ``slot`` (the loop may poll for it again)."""
         with self._slots_lock:
@@ -648,7 +652,7 @@ class Worker:
             try:
                 if self.stopping.is_set():
                     # told to stop since the start: hand the run back without starting its task
-                    ended = _Ended(message, self._handed_back(run), _STOPPED)
+                    ended = self._hand_back(message, run)
                 else:
                     ended = self._deliver(run, message)
                 if ended is not None:
@@ -659,9 +663,7 @@ class Worker:
                 if ended is None:
                     # the run started and its message is gone: hand it back now (retried at once), never
                     # leave it held by the session with nothing running it
-                    self._writes.put(
-                        _Ended(message, self._handed_back(run, error=f"worker failed: {exc}"), _STOPPED)
-                    )
+                    self._writes.put(self._hand_back(message, run, error=f"worker failed: {exc}"))
                 if not self.stopping.is_set():
                     self._log_failure("worker slot failed", exc)
                     self.stopping.wait(min(30.0, 0.5 * 2 ** min(slot.failures, 6)))
@@ -803,9 +805,7 @@ class Worker:
                     self._dispatch(slot, outcome, message)
                 except Exception as exc:  # noqa: BLE001 - no thread (the slot is free): the run goes back
                     self._log_failure("starting a slot failed", exc)
-                    self._writes.put(
-                        _Ended(message, self._handed_back(outcome, error=f"worker failed: {exc}"), _STOPPED)
-                    )
+                    self._writes.put(self._hand_back(message, outcome, error=f"worker failed: {exc}"))
                 continue
             if not isinstance(outcome, StartRejectedError):
                 self._start_fault = self._start_fault or outcome
@@ -1187,7 +1187,7 @@ class Worker:
             logger.warning(
                 "a start whose write failed was applied: handed back", extra={"run_id": run.run_id}
             )
-            ends.append(_Ended(ref, self._handed_back(run, error=LOST_START_ERROR), _STOPPED))
+            ends.append(self._hand_back(ref, run, error=LOST_START_ERROR))
         return ends
 
     def _hand_back_orphans(self, orphans: list[tuple[object, Run]]) -> None:

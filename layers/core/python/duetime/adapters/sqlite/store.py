@@ -321,15 +321,20 @@ class SqliteStore:
 
     def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
         """The stored jobs among ``job_ids`` (absent ones left out), by id."""
-        unique = list(dict.fromkeys(job_ids))
-        jobs: dict[str, Job] = {}
+        jobs = (
+            Job.from_stored(json.loads(doc))
+            for (doc,) in self._read_in("SELECT doc FROM jobs", "job_id", job_ids)
+        )
+        return {job.job_id: job for job in jobs}
+
+    def _read_in(self, select: str, column: str, ids: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+        """The rows of ``select ... WHERE column IN (ids)``, ids deduplicated and asked
+        :data:`_IDS_PER_READ` at a time."""
+        unique = list(dict.fromkeys(ids))
         for first in range(0, len(unique), _IDS_PER_READ):
             batch = unique[first : first + _IDS_PER_READ]
             marks = ",".join("?" * len(batch))
-            for (doc,) in self.db.read(f"SELECT doc FROM jobs WHERE job_id IN ({marks})", batch):
-                job = Job.from_stored(json.loads(doc))
-                jobs[job.job_id] = job
-        return jobs
+            yield from self.db.read(f"{select} WHERE {column} IN ({marks})", batch)
 
     def replace_job(self, job: Job, *, expected_version: int, expected_next_fire_at: datetime | None) -> None:
         """Write ``job`` over the stored one if its ``version`` and ``next_fire_at`` are the expected ones.
@@ -1140,18 +1145,10 @@ class SqliteStore:
 
     def get_sessions(self, session_ids: Sequence[str]) -> dict[str, Session]:
         """The sessions of ``session_ids`` that exist, by id."""
-        unique = list(dict.fromkeys(session_ids))
-        found: dict[str, Session] = {}
-        for first in range(0, len(unique), _IDS_PER_READ):
-            batch = unique[first : first + _IDS_PER_READ]
-            marks = ",".join("?" * len(batch))
-            for row in self.db.read(
-                "SELECT session_id, owner, expires_at, revoked_at, runs FROM sessions"
-                f" WHERE session_id IN ({marks})",
-                batch,
-            ):
-                found[row[0]] = self._session(row)
-        return found
+        rows = self._read_in(
+            "SELECT session_id, owner, expires_at, revoked_at, runs FROM sessions", "session_id", session_ids
+        )
+        return {row[0]: self._session(row) for row in rows}
 
     def revoke_session(self, session_id: str, *, now: datetime) -> bool:
         """Revoked at ``now`` if expired by then or absent (a revoked row is left); True if revoked (now or

@@ -6,8 +6,11 @@ records an idle window (nothing submitted) to measure the fixed cost of a clock-
 the workload over HTTP, as a user would, and waits until every run is terminal:
 
 - one-off jobs that run now, with logs of a few KB;
-- one-off ``at(...)`` jobs due a few seconds later (claimed by the tick, not the API);
+- one-off ``at(...)`` jobs due a few seconds later;
 - repeating ``rate(...)`` jobs that fire K times each (``end_at`` stops them);
+
+(the stack ticks at AWS's cadence, once a minute with a 75 s lookahead, so the submit claims the slots due
+within the lookahead, as the API does on AWS, the one-offs' and the short repeating jobs' all at once);
 - jobs that fail their first attempt and succeed on the retry;
 - one long job (60 s; 20 s in quick mode), held by its worker session (beats every 10 s).
 
@@ -50,7 +53,8 @@ class Workload:
     log_bytes: int = 3000
     workers: int = 2
     shards: int = 4
-    idle_seconds: float = 8.0
+    #: the idle window holds one tick round of every shard and one sweep (one each per TICK_SECONDS)
+    idle_seconds: float = 62.0
 
     @property
     def expected_runs(self) -> int:
@@ -73,8 +77,10 @@ QUICK = Workload(
 )
 
 
-#: the local stack's tick (and sweep) period in the bench, seconds; AWS ticks and sweeps once a minute
-TICK_SECONDS = 1.0
+#: the local stack's tick (and sweep) period in the bench, seconds: AWS's (``Settings.tick_period_seconds``,
+#: one tick per shard and one sweep a minute, lookahead 75 s), so a claim takes the slots it would on AWS (a
+#: ``rate(10 seconds)`` job's slots of a lookahead in one claim); a 1 s tick would claim each slot apart
+TICK_SECONDS = 60.0
 AWS_SWEEP_SECONDS = 60.0
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import capacity
+from duetime.adapters.aws.resources import WATCH_KEYS_PER_SHARD
 
 PARTITION_WCU = 1000
 PARTITION_RCU = 3000
@@ -73,8 +74,11 @@ def project(results: dict[str, Any]) -> dict[str, Any]:
             "max_runs_per_s_per_key": round(max_per_key, 1),
             "keys_needed_at_peak": math.ceil(peak / max_per_key) if units else 0,
         }
+    # the due index has one key value per shard; the watchdog WATCH_KEYS_PER_SHARD (its key is spread)
+    per_shard = {"due": 1, "watchdog": WATCH_KEYS_PER_SHARD}
     shards_for_gsi = max(
-        (h["keys_needed_at_peak"] for i, h in hot.items() if i in ("due", "watchdog")), default=0
+        (math.ceil(h["keys_needed_at_peak"] / per_shard[i]) for i, h in hot.items() if i in per_shard),
+        default=0,
     )
 
     # --- ticks: claims per second per shard ------------------------------------------------------------

@@ -161,7 +161,7 @@ def test_the_model_sizes_shards_from_the_hot_gsi_and_the_tick_rate() -> None:
         },
     }
     p = model.project(results)
-    # watchdog: 4 WRU per run on one key value -> 250 runs/s per shard -> 48 shards for 12,000/s
+    # watchdog: 4 WRU per run on one key value -> 250 runs/s per key value -> 48 values for 12,000/s
     assert p["dynamodb"]["gsi_hot_keys"]["watchdog"]["keys_needed_at_peak"] == 48
     assert p["dynamodb"]["peak_wru_per_s"] == 144_000
     # claims: 2 x 6 ms + 10 ms = 22 ms -> 45.5/s per shard -> 264 shards
@@ -169,8 +169,13 @@ def test_the_model_sizes_shards_from_the_hot_gsi_and_the_tick_rate() -> None:
     assert p["ticks"]["shards"] == 264
     assert p["usd_per_day"] == 1000
     assert "Scale model" in model.render(p)
-    # a tick claiming 8 at once: 8 x 45.5/s per shard -> 33 shards, fewer than the watchdog's 48 key values
+    # a tick claiming 8 at once: 8 x 45.5/s per shard -> 33 shards, more than the watchdog's 48 key values
+    # need (4 per shard: 12) and the due index's 24 (2 WRU per run on one key value per shard)
     results["tick"]["claim_concurrency"] = 8
     p = model.project(results)
     assert p["ticks"]["shards_for_peak_claims_aws"] == 33
-    assert p["ticks"]["shards"] == 48
+    assert p["ticks"]["shards_for_gsi_partitions"] == 24
+    assert p["ticks"]["shards"] == 33
+    # claiming 32 at once: 9 shards for the claims, so the due index's 24 key values bind
+    results["tick"]["claim_concurrency"] = 32
+    assert model.project(results)["ticks"]["shards"] == 24

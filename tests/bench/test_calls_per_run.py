@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from duetime.adapters.aws import clients as aws
+from duetime.adapters.aws.resources import WATCH_KEYS_PER_SHARD
 from duetime.config.deps import Deps
 from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.clock import FixedClock
@@ -185,7 +186,7 @@ def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
     for shard in range(deps.settings.shard_count):
         sweep(shard, deps)
     swept = counted.take()
-    assert ops(swept) == {"dynamodb Query test-runs": deps.settings.shard_count}
+    assert ops(swept) == {"dynamodb Query test-runs": deps.settings.shard_count * WATCH_KEYS_PER_SHARD}
     assert all(r["items"] == 0 for r in swept)
 
 

@@ -209,6 +209,59 @@ def test_a_stack_down_for_many_slots_runs_the_latest_once_and_counts_the_missed(
     assert stored is not None and stored.next_fire_at == T0 + timedelta(minutes=65)
 
 
+def _count_advances(monkeypatch, deps: Deps) -> list[int]:  # type: ignore[no-untyped-def]
+    """The number of job advances of each ``advance_many`` call of ``deps.store``."""
+    calls: list[int] = []
+    real = deps.store.advance_many
+
+    def counting(advances, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(len(advances))
+        return real(advances, **kwargs)
+
+    monkeypatch.setattr(deps.store, "advance_many", counting)
+    return calls
+
+
+def test_every_slot_within_the_lookahead_is_one_claim_and_one_advance_of_the_job(
+    deps: Deps, clock, monkeypatch
+) -> None:
+    # Given a rate(10 seconds) job, submitted at T0 (lookahead 75 s: 60 s tick + 15 s margin)
+    advances = _count_advances(monkeypatch, deps)
+    job = _rate_job(deps, "rate(10 seconds)", job_id="job-ten")
+    # Then the submit claimed its seven slots T0+10s..T0+70s with one advance of the job, to T0+80s
+    runs = deps.store.list_runs(job.job_id)
+    assert sorted(r.due_at for r in runs) == [T0 + timedelta(seconds=10 * i) for i in range(1, 8)]
+    assert all(r.state is RunState.PENDING and r.missed_slots == 0 for r in runs)
+    assert advances == [1]
+    stored = deps.store.get_job(job.job_id)
+    assert stored is not None and stored.next_fire_at == T0 + timedelta(seconds=80)
+    assert queue_counts(deps.settings.queue_url("small"))["delayed"] == 7
+    # When its shard ticks a minute later (lookahead to T0+135s)
+    clock.advance(60)
+    result = claims.tick(job.shard, deps)
+    # Then that tick claims the six next slots, T0+80s..T0+130s, again with one advance
+    assert result.claimed == 6
+    assert advances == [1, 1]
+    assert len(deps.store.list_runs(job.job_id)) == 13
+    stored = deps.store.get_job(job.job_id)
+    assert stored is not None and stored.next_fire_at == T0 + timedelta(seconds=140)
+
+
+def test_a_claim_after_an_outage_counts_the_missed_on_the_latest_late_slot_not_on_the_ones_ahead(
+    deps: Deps, clock
+) -> None:
+    # Given a rate(1 minute) job whose ticks stopped for an hour after its submit claimed T0+1m
+    job = _rate_job(deps, "rate(1 minute)", job_id="job-minute")
+    clock.advance(3600 + 90)
+    # When the tick comes back (lookahead to T0+61.5m+75s)
+    claims.tick(job.shard, deps)
+    # Then the latest late slot (T0+61m) carries the skipped count and the slot ahead (T0+62m) none
+    runs = {r.due_at: r for r in deps.store.list_runs(job.job_id)}
+    late, ahead = runs[T0 + timedelta(minutes=61)], runs[T0 + timedelta(minutes=62)]
+    assert late.missed_slots > 0 and ahead.missed_slots == 0
+    assert T0 + timedelta(minutes=63) not in runs
+
+
 def test_a_tick_claims_many_jobs_at_once_each_exactly_once_and_isolates_a_failing_one(
     deps: Deps, clock, monkeypatch
 ) -> None:

@@ -150,6 +150,36 @@ def test_three_sleeps_on_three_slots_run_at_the_same_time(
         assert jobs.get_run_log(run.run_id, tenant="t1", deps=deps) == f"run {run.run_id}\n"
 
 
+def _spy_deletes(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records how many messages each ``delete_batch`` of the worker deletes."""
+    calls: list[int] = []
+    real = deps.queues.delete_batch
+
+    def delete_batch(tier: str, handles: Any) -> None:
+        calls.append(len(list(handles)))
+        real(tier, handles)
+
+    monkeypatch.setattr(deps.queues, "delete_batch", delete_batch)
+    return calls
+
+
+def test_the_messages_of_runs_started_apart_are_deleted_in_one_request_and_at_the_stop(
+    deps: Deps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a worker with one slot and three quick runs, started one after the other
+    deletes = _spy_deletes(deps, monkeypatch)
+    job_ids = [_submit(deps, ["true"], name=f"q{i}") for i in range(3)]
+    worker = Worker(deps, "small", owner="w1", slots=1)
+    # When they all succeed, and the worker is then stopped well within the delete linger
+    with _running(worker):
+        _wait("the three runs to succeed", lambda: _all_in(deps, job_ids, {RunState.SUCCEEDED}))
+        assert deletes == []  # each start's message waits for the others (or the linger), not for its end
+        assert deps.queues.counts("small")["in_flight"] == 3  # type: ignore[attr-defined]
+    # Then the three messages went in one request, at the stop
+    assert deletes == [3]
+    assert deps.queues.counts("small") == {"visible": 0, "delayed": 0, "in_flight": 0, "dead": 0}  # type: ignore[attr-defined]
+
+
 def _three_printing(deps: Deps) -> list[str]:
     return [
         _submit(deps, ["sh", "-c", f'printf "log of {i} %s\\n" "$DUETIME_RUN_ID"; sleep 0.5'], name=f"p{i}")

@@ -31,6 +31,14 @@ from duetime.services.deps import Deps
 #: Upper bound on missed slots walked one by one when catching up; past it, only the latest is considered.
 MAX_WALKED_SLOTS = 10_000
 
+#: Most slots of one job claimed in one pass (a cron job of every minute claims 1-2 per 60 s tick; a rate(10
+#: seconds) job about 8).
+MAX_SLOTS_PER_PASS = 1000
+
+#: Most slots one claim takes (one advance of the job; the next round takes the rest): a 75 s lookahead
+#: holds 75 slots of the shortest schedule, ``rate(1 second)``.
+MAX_SLOTS_PER_CLAIM = 100
+
 
 @dataclass(frozen=True)
 class ClaimResult:
@@ -153,14 +161,23 @@ def _outcomes(step: Callable[[], list[bool]]) -> tuple[list[bool | None], Except
         return exc.results, error
 
 
-def claim_batch(jobs: Sequence[Job], deps: Deps, *, trigger: Trigger = Trigger.SCHEDULE) -> list[ClaimResult]:
+def claim_batch(
+    jobs: Sequence[Job],
+    deps: Deps,
+    *,
+    trigger: Trigger = Trigger.SCHEDULE,
+    until: datetime | None = None,
+) -> list[ClaimResult]:
     """Claim the due slot(s) of each of ``jobs`` through the three steps of DESIGN.md section 4, each step
     done for the whole batch at once (a tick claims a page of due jobs this way: on SQLite one transaction
     per step, on SQS one SendMessageBatch per 10 messages).
 
-    Normally that is the one slot in each job's ``next_fire_at``. After an outage the catch-up policy picks
-    the slots (:func:`plan_slots`); catch-up runs other than the latest are recorded with trigger
-    ``backfill``, and the latest with how many slots were skipped (``missed_slots``).
+    Normally that is the slot in each job's ``next_fire_at`` and, with ``until`` (UTC, the lookahead's end),
+    every later slot due by then, up to MAX_SLOTS_PER_CLAIM (:func:`plan_ahead`): a ``rate(10 seconds)``
+    job's seven slots of a 75 s lookahead are one claim, so one advance of the job (its row and its due-index
+    entry written once, not seven times). After an outage the catch-up policy picks the late slots
+    (:func:`plan_slots`); catch-up runs other than the latest are recorded with trigger ``backfill``, and the
+    latest with how many slots were skipped (``missed_slots``).
 
     Steps, each idempotent and conditional per item: (1) ``put_new_runs`` of every run; (2) ``advance_many``
     of the jobs whose runs were written: each job's ``next_fire_at`` moved from the claimed value to the
@@ -182,7 +199,7 @@ def claim_batch(jobs: Sequence[Job], deps: Deps, *, trigger: Trigger = Trigger.S
             each): the steps done so far stay done, and claiming again repairs the rest.
     """
     now = deps.clock.now()
-    batch = [_plan(job, now, deps, trigger) for job in jobs]
+    batch = [_plan(job, now, deps, trigger, until=until) for job in jobs]
 
     # step 1: the runs
     written, error = _outcomes(lambda: deps.store.put_new_runs([run for p in batch for run in p.runs]))
@@ -221,8 +238,25 @@ def claim_batch(jobs: Sequence[Job], deps: Deps, *, trigger: Trigger = Trigger.S
     ]
 
 
-def _plan(job: Job, now: datetime, deps: Deps, trigger: Trigger) -> _Planned:
-    """The claim of ``job``'s due slot(s) at ``now``: its runs and the advance of its next fire (no I/O).
+def plan_ahead(job: Job, slots: list[datetime], until: datetime | None) -> list[datetime]:
+    """``slots`` (a claim's slots due now, oldest first: :func:`plan_slots`) and the job's later slots due at
+    or before ``until`` (UTC), at most MAX_SLOTS_PER_CLAIM in all; without ``until``, ``slots``. Pure."""
+    if until is None or not slots:
+        return slots
+    ahead = list(slots)
+    while len(ahead) < MAX_SLOTS_PER_CLAIM:
+        nxt = next_fire_after(job, ahead[-1])
+        if nxt is None or nxt > until:
+            break
+        ahead.append(nxt)
+    return ahead
+
+
+def _plan(
+    job: Job, now: datetime, deps: Deps, trigger: Trigger, *, until: datetime | None = None
+) -> _Planned:
+    """The claim of ``job``'s due slot(s) at ``now`` (and of its slots due by ``until``: :func:`plan_ahead`):
+    its runs and the advance of its next fire (no I/O).
 
     Raises:
         ValueError: the job has no ``next_fire_at``.
@@ -230,16 +264,16 @@ def _plan(job: Job, now: datetime, deps: Deps, trigger: Trigger) -> _Planned:
     if job.next_fire_at is None:
         raise ValueError(f"job {job.job_id} has no next_fire_at to claim")
     claimed = job.next_fire_at
-    slots, missed = plan_slots(job, now)
+    now_slots, missed = plan_slots(job, now)
+    slots = plan_ahead(job, now_slots, until)
+    latest = len(now_slots) - 1  # the latest slot due now: it carries the skipped count
     runs = [
         new_run(
             job,
             due_at,
             deps,
-            trigger=(
-                Trigger.BACKFILL if i < len(slots) - 1 and is_missed(due_at, now, job.catch_up) else trigger
-            ),
-            missed_slots=missed if i == len(slots) - 1 else 0,
+            trigger=(Trigger.BACKFILL if i < latest and is_missed(due_at, now, job.catch_up) else trigger),
+            missed_slots=missed if i == latest else 0,
         )
         for i, due_at in enumerate(slots)
     ]
@@ -250,14 +284,16 @@ def _plan(job: Job, now: datetime, deps: Deps, trigger: Trigger) -> _Planned:
 
 def plan_put_claimed(job: Job, deps: Deps) -> _Planned | None:
     """The claim a submit can store with the job itself: for a fresh ACTIVE job whose first claim, due
-    within the lookahead, leaves no next fire (a run-now job; a one-off ``at(...)`` due that soon). None
+    within the lookahead, leaves no next fire (a run-now job; a one-off ``at(...)`` due that soon; a
+    repeating job whose every slot, up to its ``end_at``, is due that soon). None
     for any other job (the job is stored, then claimed as a tick would). No I/O."""
     now = deps.clock.now()
     if job.state is not JobState.ACTIVE or job.next_fire_at is None:
         return None
     if job.next_fire_at > now + timedelta(seconds=deps.settings.tick_lookahead_seconds):
         return None
-    planned = _plan(job, now, deps, Trigger.SCHEDULE)
+    until = now + timedelta(seconds=deps.settings.tick_lookahead_seconds)
+    planned = _plan(job, now, deps, Trigger.SCHEDULE, until=until)
     if planned.advance.next_fire_at is not None or not planned.runs:
         return None
     return planned
@@ -386,11 +422,6 @@ class TickResult:
     run_ids: list[str] = field(default_factory=list)
 
 
-#: Most slots of one job claimed in one pass (a cron job of every minute claims 1-2 per 60 s tick; a rate(10
-#: seconds) job, the shortest rate, about 8).
-MAX_SLOTS_PER_PASS = 1000
-
-
 def claim_until(
     job: Job, deps: Deps, until: datetime, *, trigger: Trigger = Trigger.SCHEDULE
 ) -> list[ClaimResult]:
@@ -410,22 +441,24 @@ def claim_until(
 def claim_until_batch(
     jobs: Sequence[Job], deps: Deps, until: datetime, *, trigger: Trigger = Trigger.SCHEDULE
 ) -> list[list[ClaimResult]]:
-    """Claim every slot of each job due at or before ``until``, in rounds of :func:`claim_batch`: a job
-    whose next fire after a round is still within ``until`` (a ``rate(10 seconds)`` job within a tick's
-    lookahead) is in the next round. A job leaves the rounds when its next fire lies beyond ``until``, when
-    it is finished, when another claimer moved it on (its claim covers the rest), or after
-    MAX_SLOTS_PER_PASS claims. Returns each job's claims, in order."""
+    """Claim every slot of each job due at or before ``until``, in rounds of :func:`claim_batch`, each claim
+    taking every slot due by ``until`` up to MAX_SLOTS_PER_CLAIM (so almost always one round): a job whose
+    next fire after a round is still within ``until`` is in the next round. A job leaves the rounds when its
+    next fire lies beyond ``until``, when it is finished, when another claimer moved it on (its claim covers
+    the rest), or after MAX_SLOTS_PER_PASS slots. Returns each job's claims, in order."""
     results: list[list[ClaimResult]] = [[] for _ in jobs]
     current = [
         (i, job) for i, job in enumerate(jobs) if job.next_fire_at is not None and job.next_fire_at <= until
     ]
     while current:
-        outcomes = claim_batch([job for _, job in current], deps, trigger=trigger)
+        outcomes = claim_batch([job for _, job in current], deps, trigger=trigger, until=until)
         following: list[tuple[int, Job]] = []
         for (i, job), outcome in zip(current, outcomes, strict=True):
             results[i].append(outcome)
             nxt = outcome.next_fire_at
-            more = nxt is not None and nxt <= until and len(results[i]) < MAX_SLOTS_PER_PASS
+            more = (
+                nxt is not None and nxt <= until and sum(len(r.runs) for r in results[i]) < MAX_SLOTS_PER_PASS
+            )
             if outcome.advanced and outcome.error is None and more:
                 following.append((i, job.model_copy(update={"next_fire_at": nxt})))
         current = following

@@ -74,7 +74,7 @@ from duetime.domain.lifecycle import (
 )
 from duetime.domain.logs import log_key, pack_key
 from duetime.domain.models import ContainerTask, Run, RunState
-from duetime.domain.ports import LogStore, ReceivedMessage
+from duetime.domain.ports import QUEUE_VISIBILITY_SECONDS, LogStore, ReceivedMessage
 from duetime.domain.timeutil import to_iso
 from duetime.services.deps import Deps
 from duetime.services.runs import Finish, start_and_finish
@@ -116,9 +116,10 @@ MAX_WRITE_BATCH = 50
 HOLD_LOOK_SECONDS = 0.1
 #: The error of an attempt handed back because its start's write failed but was applied (nothing ran it)
 LOST_START_ERROR = "worker lost its start (a fault of the write)"
-#: How long the message of a started (or dropped) run may wait to be deleted with the next write's ends,
-#: seconds (one DeleteMessageBatch for both; far under the queue's visibility timeout)
-DELETE_LINGER_SECONDS = 5.0
+#: How long the message of a started (or dropped) run may wait to be deleted, seconds: the messages of the
+#: starts within it go in one DeleteMessageBatch (or once there are ten). An eighth of the queue's visibility
+#: timeout: a message a dead worker did not delete comes back after it, and its start is refused
+DELETE_LINGER_SECONDS = QUEUE_VISIBILITY_SECONDS / 8
 #: How often the receive loop looks for a free slot (or the stop flag) while every slot is busy, seconds
 SLOT_WAIT_SECONDS = 0.1
 #: how often the log thread, waiting for more ends to pack (:meth:`Worker._gather_logs`), looks whether any
@@ -482,7 +483,7 @@ class Worker:
         #: whether the slots renew the session themselves (poll_once, process: no session thread runs)
         self._beats_inline = True
         #: receipt handles of started and dropped messages not deleted yet, with when they were added
-        #: (time.monotonic()): deleted with the next write's ends, or after DELETE_LINGER_SECONDS
+        #: (time.monotonic()): deleted ten at a time, or after DELETE_LINGER_SECONDS
         self._deletes: list[tuple[str, float]] = []
 
     # ---- the receive loop ------------------------------------------------------------------------------
@@ -1154,9 +1155,9 @@ class Worker:
                 self._echo(item.finish, end)
         now = time.monotonic()
         self._deletes.extend((handle, now) for handle in handles)
-        # the started and dropped messages go out with the next write's ends (one request for both), or
-        # once the oldest has waited DELETE_LINGER_SECONDS; at once without a session thread (poll_once)
-        self._flush_deletes(force=bool(batch) or self._beats_inline)
+        # the started and dropped messages go out ten at a time, or once the oldest has waited
+        # DELETE_LINGER_SECONDS; at once without a session thread (poll_once)
+        self._flush_deletes(force=self._beats_inline)
         return failed
 
     def _flush_deletes(self, *, force: bool = False) -> None:

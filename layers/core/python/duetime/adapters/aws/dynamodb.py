@@ -10,6 +10,7 @@ Items hold instants as fixed-width UTC strings (``timeutil.to_iso``), numbers as
 from __future__ import annotations
 
 import base64
+import heapq
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ from duetime.adapters.aws.resources import (
     WATCH_INDEX,
     WATCH_INDEX_PK,
     WATCH_INDEX_SK,
+    watch_key,
+    watch_keys,
 )
 from duetime.domain.errors import (
     AlreadyClaimedError,
@@ -237,7 +240,7 @@ def run_to_item(run: Run, *, retention_days: int) -> dict[str, Any]:
         if name in data and data[name] == default:
             del data[name]
     if not run.state.terminal and run.watch_at is not None:
-        data[WATCH_INDEX_PK] = run.shard
+        data[WATCH_INDEX_PK] = watch_key(run.shard, run.run_id)
     if not run.state.terminal and (run.overlap.enforced or run.held is not None):
         data[ACTIVE_INDEX_PK] = run.job_id
     if run.dead_lettered:
@@ -794,13 +797,20 @@ class DynamoStore:
 
     def query_overdue(self, shard: int, until: datetime, *, page_size: int = 200) -> Iterator[Run]:
         """Non-terminal runs of ``shard`` whose ``watch_at <= until`` (watchdog GSI, then the runs read
-        whole), oldest first."""
+        whole), oldest first: the shard's watch keys (:func:`~duetime.adapters.aws.resources.watch_keys`)
+        queried page by page and merged by watch time."""
+        yield from heapq.merge(
+            *(self._query_overdue_key(key, until, page_size) for key in watch_keys(shard)),
+            key=lambda run: run.watch_at or until,
+        )
+
+    def _query_overdue_key(self, key: int, until: datetime, page_size: int) -> Iterator[Run]:
         kwargs: dict[str, Any] = {
             "TableName": self.runs_table,
             "IndexName": WATCH_INDEX,
-            "KeyConditionExpression": "#pk = :shard AND #sk <= :until",
+            "KeyConditionExpression": "#pk = :key AND #sk <= :until",
             "ExpressionAttributeNames": {"#pk": WATCH_INDEX_PK, "#sk": WATCH_INDEX_SK},
-            "ExpressionAttributeValues": serialize({":shard": shard, ":until": until}),
+            "ExpressionAttributeValues": serialize({":key": key, ":until": until}),
             "Limit": page_size,
         }
         while True:
@@ -1356,7 +1366,7 @@ class DynamoStore:
             trigger=Trigger.RETRY.value,
             watch_at=watch_at,
         )
-        upd.sets[WATCH_INDEX_PK] = run.shard
+        upd.sets[WATCH_INDEX_PK] = watch_key(run.shard, run.run_id)
         if run.overlap.enforced:
             upd.sets[ACTIVE_INDEX_PK] = run.job_id
         upd.removes.extend(

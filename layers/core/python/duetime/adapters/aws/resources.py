@@ -8,6 +8,7 @@ locally they are ``<prefix>-<logical>``.
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -34,6 +35,25 @@ RUNS_SK = "due_at"
 WATCH_INDEX = "watchdog"
 WATCH_INDEX_PK = "watch_shard"
 WATCH_INDEX_SK = "watch_at"
+#: watchdog key values per shard: a run's key is ``shard * WATCH_KEYS_PER_SHARD + crc32(run_id) % it``
+#: (:func:`watch_key`), so one shard's non-terminal runs spread over this many index partitions (each key
+#: value takes at most 1,000 write units/s: "Best practices for designing and using partition keys", Amazon
+#: DynamoDB Developer Guide); the sweeper queries each. Rows written before the spread carry
+#: ``watch_shard = shard``, a value in the range the sweep covers, so they are still found.
+WATCH_KEYS_PER_SHARD = 4
+
+
+def watch_key(shard: int, run_id: str) -> int:
+    """The watchdog index key of run ``run_id`` of ``shard``: fixed for the run's life (derived from its id,
+    so a write never moves it to another key)."""
+    return shard * WATCH_KEYS_PER_SHARD + zlib.crc32(run_id.encode()) % WATCH_KEYS_PER_SHARD
+
+
+def watch_keys(shard: int) -> range:
+    """Every watchdog key value of ``shard`` (:func:`watch_key`)."""
+    return range(shard * WATCH_KEYS_PER_SHARD, (shard + 1) * WATCH_KEYS_PER_SHARD)
+
+
 #: active-runs GSI: (active_job, due_at), KEYS_ONLY; sparse: only non-terminal runs of jobs with an overlap
 #: policy carry ``active_job`` (= job_id), so starting a run finds the job's other active runs in one Query.
 ACTIVE_INDEX = "active_by_job"

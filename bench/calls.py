@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from duetime.adapters.aws.resources import WATCH_KEYS_PER_SHARD
 from duetime.local.callcount import READ_UNIT_BYTES
 
 #: the local stack's clock-loop thread (tick per shard, then the sweeper)
@@ -209,14 +210,14 @@ def split(
             if is_clock(r):
                 clock_ms += float(r.get("ms") or 0)
     ticks = _first_pages(idle, is_tick_query)
-    sweeps = _first_pages(idle, is_sweep_query) / shards
+    sweeps = _first_pages(idle, is_sweep_query) / (shards * WATCH_KEYS_PER_SHARD)  # one Query per watch key
     if not ticks or not sweeps:
         raise ValueError("the idle window holds no tick or no sweep: make it longer")
     return Split(
         per_tick=tally(r for r in idle if is_clock(r) and not is_sweep_query(r)).scaled(1 / ticks),
         per_sweep=tally(r for r in idle if is_sweep_query(r)).scaled(1 / sweeps),
         ticks=_first_pages(window, is_tick_query),
-        sweeps=_first_pages(window, is_sweep_query) / shards,
+        sweeps=_first_pages(window, is_sweep_query) / (shards * WATCH_KEYS_PER_SHARD),
         idle_polls=sum(1 for r in window if is_empty_poll(r)),
         idle_window_polls=sum(1 for r in idle if is_empty_poll(r)),
         fixed=fixed,

@@ -93,6 +93,14 @@ def project(results: dict[str, Any]) -> dict[str, Any]:
     # a tick claims `claim_concurrency` jobs at once (threads), each claim's calls one after the other
     concurrency = int(tick.get("claim_concurrency") or 1)
     aws_claims_per_s = concurrency * 1000 / aws_ms_per_claim if aws_ms_per_claim else None
+    # and at most what one vCPU does at the measured Duetime CPU per claim (the tick is one Python process:
+    # its threads share one core through the GIL; botocore's serialising and signing is most of it)
+    cpu_ms_per_claim = max(
+        (float(r.get("cpu_duetime_ms_per_claim") or 0) for r in tick.get("runs", [])), default=0
+    )
+    cpu_claims_per_s = 1000 / cpu_ms_per_claim if cpu_ms_per_claim else None
+    if aws_claims_per_s and cpu_claims_per_s:
+        aws_claims_per_s = min(aws_claims_per_s, cpu_claims_per_s)
     shards_for_ticks_aws = math.ceil(peak / aws_claims_per_s) if aws_claims_per_s else None
     shards_for_ticks_local = math.ceil(peak / local_claims_per_s) if local_claims_per_s else None
     shards = max(shards_for_gsi, shards_for_ticks_aws or 0)
@@ -146,6 +154,8 @@ def project(results: dict[str, Any]) -> dict[str, Any]:
             "claim_concurrency": concurrency,
             "assumed_aws_ms_per_claim": round(aws_ms_per_claim, 1),
             "assumed_aws_claims_per_s_per_shard": round(aws_claims_per_s, 1) if aws_claims_per_s else None,
+            "cpu_ms_per_claim": cpu_ms_per_claim or None,
+            "cpu_bound_claims_per_s_per_shard": round(cpu_claims_per_s, 1) if cpu_claims_per_s else None,
             "shards_for_peak_claims_aws": shards_for_ticks_aws,
             "shards_for_peak_claims_at_local_speed": shards_for_ticks_local,
             "shards_for_gsi_partitions": shards_for_gsi,
@@ -197,7 +207,8 @@ def render(p: dict[str, Any]) -> str:
     lines += [
         f"  Ticks: {t['local_claims_per_s_per_shard']} claims/s per shard measured on moto; "
         f"~{t['assumed_aws_claims_per_s_per_shard']}/s assumed on AWS ({t['assumed_aws_ms_per_claim']} ms/claim, "
-        f"{t['claim_concurrency']} at once)",
+        f"{t['claim_concurrency']} at once; at most {t['cpu_bound_claims_per_s_per_shard']}/s on one vCPU at "
+        f"{t['cpu_ms_per_claim']} ms of Duetime CPU per claim)",
         f"    shards needed: {t['shards']} (claims: {t['shards_for_peak_claims_aws']} on AWS, "
         f"{t['shards_for_peak_claims_at_local_speed']} at local speed; GSI partitions: {t['shards_for_gsi_partitions']})",
         f"  Workers (concurrent runs at peak, assumed {w['assumed_aws_overhead_s_per_run']} s overhead/run): "

@@ -114,6 +114,17 @@ def print_cost(cost: dict[str, Any]) -> None:
         ["Step Functions transitions", 0, usd["step_functions"]],
         ["total", "", cost["usd_per_million_runs"]],
         [
+            "30 days of storage (run row, logs in S3 Standard)",
+            "",
+            cost["storage_30d"]["usd_per_million_runs"],
+        ],
+        ["total with 30 days of storage", "", cost["usd_per_million_runs_with_storage"]],
+        [
+            "the same, logs in S3 Express One Zone",
+            "log_storage: express",
+            cost["log_storage_express"]["usd_per_million_runs_with_storage"],
+        ],
+        [
             "EventBridge Scheduler, for reference",
             "1 invocation",
             cost["eventbridge_scheduler_usd_per_million"],

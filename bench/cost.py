@@ -350,6 +350,7 @@ def price_it(raw: dict[str, Any]) -> dict[str, Any]:
             w["long_seconds"],
         ),
         "usd_per_million_runs_by_service": usd_per_million,
+        **_with_storage(total, usd["s3"], per_run, raw, runs),
         "eventbridge_scheduler_usd_per_million": round(price("eventbridge_scheduler_invocation") * 1e6, 2),
         "fixed": {
             "note": (
@@ -370,6 +371,38 @@ def price_it(raw: dict[str, Any]) -> dict[str, Any]:
             "fixed_in_window": split.fixed.as_dict(),
         },
         "count_errors": split.errors[:5],
+    }
+
+
+def _with_storage(
+    total: float, s3_usd: float, per_run: callsmod.Tally, raw: dict[str, Any], runs: int
+) -> dict[str, Any]:
+    """The total with 30 days of storage (issue 16's figure), for the logs in S3 Standard (the default) and
+    in S3 Express One Zone (the stage setting ``log_storage: express``): the same requests and bytes at the
+    directory bucket's prices (USD per million runs)."""
+    stored = by_duration(
+        raw.get("by_run") or {"rows": [], "log_chunk_puts": 0, "final_log_puts": 0, "final_log_bytes": 0},
+        runs,
+        raw["workload"]["long_seconds"],
+    )["storage_30d"]
+    log_gb = stored["final_log_bytes_per_run"] / 1e9
+    row_usd = (stored["run_row_bytes_median"] + 100) / 1e9 * price("dynamodb_storage_gb_month")
+    standard = stored["usd_per_million_runs"]
+    express_s3 = (
+        per_run.s3_puts * price("s3express_put")
+        + per_run.s3_gets * price("s3express_get")
+        + log_gb * price("s3express_upload_gb")
+    )
+    express_storage = row_usd + log_gb * price("s3express_storage_gb_month")
+    return {
+        "usd_per_million_runs_with_storage": round(total + standard, 2),
+        "log_storage_express": {
+            "s3_usd_per_million_runs": round(express_s3 * 1e6, 2),
+            "storage_30d_usd_per_million_runs": round(express_storage * 1e6, 2),
+            "usd_per_million_runs_with_storage": round(
+                total + (express_s3 - s3_usd + express_storage) * 1e6, 2
+            ),
+        },
     }
 
 

@@ -66,6 +66,22 @@ PRICES: dict[str, tuple[float, str, str]] = {
         "S3 Standard storage, per GB-month (first 50 TB)",
         "https://aws.amazon.com/s3/pricing/",
     ),
+    "s3express_put": (
+        0.00113 / 1e3,
+        "S3 Express One Zone PUT request (directory bucket; the S3 FAQ's worked example)",
+        "https://aws.amazon.com/s3/pricing/",
+    ),
+    "s3express_get": (0.00003 / 1e3, "S3 Express One Zone GET request", "https://aws.amazon.com/s3/pricing/"),
+    "s3express_upload_gb": (
+        0.0032,
+        "S3 Express One Zone data upload, per GB (charged here on every byte: the FAQ's example does)",
+        "https://aws.amazon.com/s3/pricing/",
+    ),
+    "s3express_storage_gb_month": (
+        0.11,
+        "S3 Express One Zone storage, per GB-month",
+        "https://aws.amazon.com/s3/pricing/",
+    ),
     "eventbridge_scheduler_invocation": (
         1.00 / 1e6,
         "EventBridge Scheduler invocation (after the 14M/month free tier)",

@@ -32,7 +32,7 @@ def runtime_environment(
     values: dict[str, object] = {
         "jobs_table": storage.jobs.table_name,
         "runs_table": storage.runs.table_name,
-        "logs_bucket": storage.logs_bucket.bucket_name,
+        "logs_bucket": storage.logs_bucket_name,
         "queue_urls": queues.urls,
         "shard_count": config.shard_count,
         "tick_period_seconds": TICK_PERIOD_SECONDS,

@@ -78,7 +78,7 @@ class DuetimeStack(Stack):
         CfnOutput(self, "DashboardName", value=self.monitoring.dashboard.dashboard_name)
         CfnOutput(self, "JobsTableName", value=self.storage.jobs.table_name)
         CfnOutput(self, "RunsTableName", value=self.storage.runs.table_name)
-        CfnOutput(self, "LogsBucketName", value=self.storage.logs_bucket.bucket_name)
+        CfnOutput(self, "LogsBucketName", value=self.storage.logs_bucket_name)
         CfnOutput(
             self,
             "TimeoutStateMachineArn",

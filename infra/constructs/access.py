@@ -95,9 +95,9 @@ class Catalogue:
                 tiers = [access.tier] if access.tier else list(ALL_TIERS)
                 return [self.queues.queue(t).queue_arn for t in tiers]
             case Target.LOG_OBJECTS:
-                return [s.logs_bucket.arn_for_objects(LOG_KEY_PREFIX + "*")]
+                return [f"{s.logs_bucket_arn}/{LOG_KEY_PREFIX}*"]
             case Target.LOGS_BUCKET:
-                return [s.logs_bucket.bucket_arn]
+                return [s.logs_bucket_arn]
             case Target.TAGGED_FUNCTIONS:
                 return [
                     Stack.of(s).format_arn(
@@ -116,19 +116,36 @@ class Catalogue:
         return None
 
     def statements(self, accesses: tuple[Access, ...]) -> list[iam.PolicyStatement]:
-        """One statement per entry: exact actions on exact resources (tagged functions: by tag condition)."""
-        return [
+        """One statement per entry: exact actions on exact resources (tagged functions: by tag condition).
+        With logs in a directory bucket (S3 Express One Zone), the log entries become one
+        ``s3express:CreateSession`` on the bucket: its sessions carry the object access, read-only
+        (``s3express:SessionMode``) when every log action is a read ("Authorizing Regional endpoint API
+        operations with IAM", Amazon S3 User Guide)."""
+        logs = (Target.LOG_OBJECTS, Target.LOGS_BUCKET)
+        out = [
             iam.PolicyStatement(
                 actions=sorted(a.actions), resources=self.arns(a), conditions=self.conditions(a)
             )
             for a in accesses
+            if self.storage.logs_directory_bucket is None or a.target not in logs
         ]
+        log_actions = {action for a in accesses if a.target in logs for action in a.actions}
+        if self.storage.logs_directory_bucket is not None and log_actions:
+            read_only = log_actions <= {"s3:GetObject", "s3:ListBucket"}
+            out.append(
+                iam.PolicyStatement(
+                    actions=["s3express:CreateSession"],
+                    resources=[self.storage.logs_bucket_arn],
+                    conditions={"StringEquals": {"s3express:SessionMode": "ReadOnly"}} if read_only else None,
+                )
+            )
+        return out
 
     def grant(self, role: iam.IRole, accesses: tuple[Access, ...]) -> None:
         """Add the statements to ``role``; acknowledge the log-object wildcard where it is granted."""
         for statement in self.statements(accesses):
             role.add_to_principal_policy(statement)
-        if any(a.target is Target.LOG_OBJECTS for a in accesses):
+        if any(a.target is Target.LOG_OBJECTS for a in accesses) and self.storage.logs_bucket is not None:
             acknowledge(
                 role,
                 arn_finding(self.storage.logs_bucket, f"/{LOG_KEY_PREFIX}*"),

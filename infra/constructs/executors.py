@@ -101,6 +101,16 @@ class Executors(Construct):
             gateway_endpoints={
                 "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3),
                 "DynamoDB": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.DYNAMODB),
+                # the logs' directory bucket (S3 Express One Zone) has its own endpoint service
+                **(
+                    {
+                        "S3Express": ec2.GatewayVpcEndpointOptions(
+                            service=ec2.GatewayVpcEndpointAwsService.S3_EXPRESS
+                        )
+                    }
+                    if config.log_storage == "express"
+                    else {}
+                ),
             },
             # no custom resource to empty the default security group: nothing here uses it
             restrict_default_security_group=False,

@@ -11,6 +11,7 @@ from typing import Any
 from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_dynamodb as ddb
 from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3express as s3express
 from constructs import Construct
 
 from duetime.adapters.aws.resources import RUNS_TTL_ATTRIBUTE, jobs_table_definition, runs_table_definition
@@ -105,8 +106,13 @@ class Storage(Construct):
         runs: pk ``job_id``, sk ``due_at``; GSI ``watchdog`` (watch_shard, watch_at) and whatever else
             ``runs_table_definition`` declares; TTL ``expires_at``.
         idempotency: Powertools idempotency records for ``POST /jobs`` (pk ``id``, TTL ``expiration``).
-        logs_bucket: run logs, ``logs/<job>/<run>/attempt-<n>.log``, expired after the run retention.
-        access_logs_bucket: S3 server access logs of the logs bucket.
+        logs_bucket: run logs, ``logs/<job>/<run>/attempt-<n>.log``, expired after the run retention (the
+            stage's ``log_storage`` ``standard``; None for ``express``).
+        logs_directory_bucket: the same as an S3 Express One Zone directory bucket in the stage's
+            ``log_zone`` (``log_storage`` ``express``; else None). Directory buckets have no server access
+            logs, versioning or transitions; their lifecycle expires the logs with the runs.
+        logs_bucket_name, logs_bucket_arn: whichever of the two holds the logs.
+        access_logs_bucket: S3 server access logs of the logs bucket (``standard`` only).
     """
 
     def __init__(self, scope: Construct, id: str, *, config: StageConfig) -> None:
@@ -134,6 +140,42 @@ class Storage(Construct):
             time_to_live_attribute=IDEMPOTENCY_TTL_ATTRIBUTE,
             name="idempotency",
         )
+
+        self.logs_bucket: s3.Bucket | None = None
+        self.logs_directory_bucket: s3express.CfnDirectoryBucket | None = None
+        if config.log_storage == "express":
+            assert config.log_zone is not None  # StageConfig refuses express without it
+            self.logs_directory_bucket = s3express.CfnDirectoryBucket(
+                self,
+                "LogsExpress",
+                data_redundancy="SingleAvailabilityZone",
+                location_name=config.log_zone,
+                bucket_encryption=s3express.CfnDirectoryBucket.BucketEncryptionProperty(
+                    server_side_encryption_configuration=[
+                        s3express.CfnDirectoryBucket.ServerSideEncryptionRuleProperty(
+                            server_side_encryption_by_default=s3express.CfnDirectoryBucket.ServerSideEncryptionByDefaultProperty(
+                                sse_algorithm="AES256"
+                            )
+                        )
+                    ]
+                ),
+                lifecycle_configuration=s3express.CfnDirectoryBucket.LifecycleConfigurationProperty(
+                    rules=[
+                        s3express.CfnDirectoryBucket.RuleProperty(
+                            id="expire-with-runs",
+                            status="Enabled",
+                            expiration_in_days=config.retention_days,
+                            abort_incomplete_multipart_upload=s3express.CfnDirectoryBucket.AbortIncompleteMultipartUploadProperty(
+                                days_after_initiation=1
+                            ),
+                        )
+                    ]
+                ),
+            )
+            self.logs_directory_bucket.apply_removal_policy(RemovalPolicy.RETAIN)
+            self.logs_bucket_name: str = self.logs_directory_bucket.ref
+            self.logs_bucket_arn: str = self.logs_directory_bucket.attr_arn
+            return
 
         self.access_logs_bucket = s3.Bucket(
             self,
@@ -170,3 +212,5 @@ class Storage(Construct):
             ],
             removal_policy=RemovalPolicy.RETAIN,
         )
+        self.logs_bucket_name = self.logs_bucket.bucket_name
+        self.logs_bucket_arn = self.logs_bucket.bucket_arn

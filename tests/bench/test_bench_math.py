@@ -183,3 +183,33 @@ def test_the_model_sizes_shards_from_the_hot_gsi_and_the_tick_rate() -> None:
     # claiming 32 at once: 9 shards for the claims, so the due index's 24 key values bind
     results["tick"]["claim_concurrency"] = 32
     assert model.project(results)["ticks"]["shards"] == 24
+
+
+def test_the_total_with_storage_prices_the_logs_in_s3_standard_and_in_s3_express_one_zone() -> None:
+    from bench.cost import _with_storage
+
+    # Given 0.5 log PUTs per run, 4,000 bytes of final log per run and run rows of 900 bytes
+    per_run = calls.Tally()
+    per_run.s3_puts = 0.5
+    raw = {
+        "workload": {"long_seconds": 60},
+        "by_run": {
+            "rows": [{"job": "now-1", "attempts": 1, "wru": 5, "row_bytes": 900}],
+            "log_chunk_puts": 0,
+            "final_log_puts": 1,
+            "final_log_bytes": 4000,
+        },
+    }
+    s3_standard = 0.5 * 0.005 / 1e3
+    out = _with_storage(7.0, s3_standard, per_run, raw, runs=1)
+    # Then the standard total adds 30 days of the row ($0.25/GB-month) and the log ($0.023/GB-month)
+    row = 1000 / 1e9 * 0.25
+    assert out["usd_per_million_runs_with_storage"] == round(7.0 + (row + 4000 / 1e9 * 0.023) * 1e6, 2)
+    # And express swaps the PUTs ($0.00113 per 1,000), adds the upload ($0.0032/GB) and its storage ($0.11)
+    express = out["log_storage_express"]
+    express_s3 = 0.5 * 0.00113 / 1e3 + 4000 / 1e9 * 0.0032
+    assert express["s3_usd_per_million_runs"] == round(express_s3 * 1e6, 2)
+    assert express["usd_per_million_runs_with_storage"] == round(
+        7.0 + (express_s3 - s3_standard + row + 4000 / 1e9 * 0.11) * 1e6, 2
+    )
+    assert express["usd_per_million_runs_with_storage"] < out["usd_per_million_runs_with_storage"]

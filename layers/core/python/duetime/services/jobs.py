@@ -327,15 +327,25 @@ def preview_schedule(
 def describe_job(
     job: Job, deps: Deps, *, previews: int = 3, recent: int = 1
 ) -> tuple[list[datetime], list[Run]]:
-    """The job's next ``previews`` fire times (UTC) and its ``recent`` most recent runs, newest first (one
-    Query)."""
+    """The job's next ``previews`` fire times (UTC) and its ``recent`` most recent runs due by now, newest
+    first (one Query).
+
+    A claim takes every slot due within the lookahead (``services.claims.plan_ahead``), so the slots between
+    now and ``next_fire_at`` (the first one not claimed yet) are runs already claimed: the next fires are the
+    schedule's after now (for a COMPLETED job, whose last slots are claimed, those up to its ``end_at``), led
+    by ``next_fire_at`` when it is overdue; and a run claimed ahead, due later, is not the job's last run."""
+    now = deps.clock.now()
     fires: list[datetime] = []
     schedule = schedule_of(job)
-    if job.state is JobState.ACTIVE and job.next_fire_at is not None:
+    overdue = job.next_fire_at is not None and job.next_fire_at <= now
+    if job.state is JobState.ACTIVE and job.next_fire_at is not None and (overdue or schedule is None):
         fires = [job.next_fire_at]
         if schedule is not None and previews > 1:
             fires += schedule.preview(job.next_fire_at, previews - 1)
-    return fires, deps.store.list_runs(job.job_id, limit=recent)
+    elif job.state in (JobState.ACTIVE, JobState.COMPLETED) and schedule is not None:
+        fires = schedule.preview(now, previews)
+    runs, _ = deps.store.query_runs(job.job_id, limit=recent, until=now)
+    return fires, runs
 
 
 def list_jobs(

@@ -166,7 +166,9 @@ def _spy_deletes(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_the_messages_of_runs_started_apart_are_deleted_in_one_request_and_at_the_stop(
     deps: Deps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a worker with one slot and three quick runs, started one after the other
+    # Given a worker with one slot and three quick runs, started one after the other (a linger of 60 s, so a
+    # slow machine's runs still fall in it)
+    monkeypatch.setattr(worker_module, "DELETE_LINGER_SECONDS", 60.0)
     deletes = _spy_deletes(deps, monkeypatch)
     job_ids = [_submit(deps, ["true"], name=f"q{i}") for i in range(3)]
     worker = Worker(deps, "small", owner="w1", slots=1)

@@ -117,9 +117,11 @@ HOLD_LOOK_SECONDS = 0.1
 #: The error of an attempt handed back because its start's write failed but was applied (nothing ran it)
 LOST_START_ERROR = "worker lost its start (a fault of the write)"
 #: How long the message of a started (or dropped) run may wait to be deleted, seconds: the messages of the
-#: starts within it go in one DeleteMessageBatch (or once there are ten). An eighth of the queue's visibility
-#: timeout: a message a dead worker did not delete comes back after it, and its start is refused
-DELETE_LINGER_SECONDS = QUEUE_VISIBILITY_SECONDS / 8
+#: starts within it go in one DeleteMessageBatch (or once there are ten). Far under the queue's visibility
+#: timeout (a message a dead worker did not delete comes back after it, and its start is refused), and short
+#: enough that the messages in flight at 12K starts/s (about 12K x 5 s) stay under a standard queue's
+#: 120,000 in-flight limit ("Amazon SQS quotas", Amazon SQS Developer Guide)
+DELETE_LINGER_SECONDS = QUEUE_VISIBILITY_SECONDS / 24
 #: How often the receive loop looks for a free slot (or the stop flag) while every slot is busy, seconds
 SLOT_WAIT_SECONDS = 0.1
 #: how often the log thread, waiting for more ends to pack (:meth:`Worker._gather_logs`), looks whether any

@@ -180,3 +180,61 @@ def test_the_cli_lists_a_jobs_deliveries(stack: Stack, receiver: Receiver, tmp_p
         check=True,
     ).stdout
     assert "dead_lettered" in table and "delivered" in table
+
+
+def test_a_sleep_30_job_queued_behind_busy_workers_is_late_and_the_busy_one_overran(
+    tmp_path_factory: pytest.TempPathFactory, receiver: Receiver
+) -> None:
+    # Given a stack with one task slot for the small tier
+    busy = start_stack(
+        tmp_path_factory.mktemp("late"),
+        "--tick-seconds",
+        "1",
+        "--workers",
+        "1",
+        "--slots",
+        "1",
+        "--notify-max-backoff-seconds",
+        "1",
+    )
+    try:
+        # And a `sleep 30` job holding it, expected to take 2 s
+        rule = {"webhook": {"url": receiver.url, "secret": SECRET}}
+        status, blocker = busy.request(
+            "POST",
+            "/jobs",
+            {
+                "name": "blocker",
+                "task": {"kind": "container", "command": ["sleep", "30"]},
+                "expected_duration_seconds": 2,
+                "notifications": [{"on": ["overran"], **rule}],
+            },
+        )
+        assert status == 201, blocker
+        busy.wait_run(blocker["job_id"], {"RUNNING"})
+        # When a `sleep 30` job with late_after_seconds 5 is queued behind it
+        status, job = busy.request(
+            "POST",
+            "/jobs",
+            {
+                "name": "queued",
+                "task": {"kind": "container", "command": ["sleep", "30"]},
+                "late_after_seconds": 5,
+                "notifications": [{"on": ["late"], **rule}],
+            },
+        )
+        assert status == 201, job
+        submitted = time.monotonic()
+        # Then it is late about 5 s after its due time, still PENDING
+        [late] = _wait("the late delivery", lambda: _of(receiver, job["job_id"], "late"), timeout=30)
+        assert 4.0 <= time.monotonic() - submitted <= 15.0
+        assert (late["state"], late["attempt"]) == ("PENDING", 1)
+        # And the blocker overran its expected 2 s, once
+        [overran] = _wait("the overran delivery", lambda: _of(receiver, blocker["job_id"], "overran"))
+        assert overran["state"] == "RUNNING" and overran["started_at"] is not None
+        time.sleep(3)
+        assert len(_of(receiver, blocker["job_id"])) == 1 and len(_of(receiver, job["job_id"])) == 1
+        status, run = busy.request("GET", f"/runs/{late['run_id']}")
+        assert run["state"] == "PENDING" and [e["kind"] for e in run["events"]].count("late") == 1
+    finally:
+        stop_stack(busy)

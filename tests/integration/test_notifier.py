@@ -14,9 +14,10 @@ from duetime.config.deps import Deps, sqlite_deps
 from duetime.config.settings import Settings
 from duetime.domain.api_models import CreateJobRequest, UpdateJobRequest
 from duetime.domain.clock import FixedClock
-from duetime.domain.models import ContainerTask, NotificationRule, RetryPolicy
+from duetime.domain.models import ContainerTask, NotificationRule, RetryPolicy, ScheduleSpec
 from duetime.domain.notifications import verify_signature
 from duetime.services import jobs, notifier
+from duetime.services.sweeper import sweep
 from duetime.services.worker import Worker
 from tests.conftest import T0
 from tests.receiver import Receiver
@@ -211,3 +212,62 @@ def test_a_delivery_failing_for_the_whole_window_is_dead_lettered(
     assert 25 <= delivery.tries <= 60 and len(delivery.attempts) == 20
     assert {a.status_code for a in delivery.attempts} == {500}
     assert notifier.deliver_due(deps) == 0
+
+
+def _sweep_all(deps: Deps) -> int:
+    return sum(sweep(shard, deps).notified for shard in range(deps.settings.shard_count))
+
+
+def test_a_run_not_started_late_after_seconds_after_due_is_late_once(
+    deps: Deps, clock: FixedClock, receiver: Receiver
+) -> None:
+    # Given a run-now job with late_after_seconds 5 and no worker taking it
+    job_id = _submit(deps, "true", [_rule(receiver, "late")], late_after_seconds=5)
+    [run] = deps.store.list_runs(job_id)
+    # Then it is watched no later than its late instant (5 s after due, not the 30 s first look)
+    assert run.late_at == run.due_at + timedelta(seconds=5) and run.watch_at == run.late_at
+    # When the sweeper looks 4 s after due: not late yet
+    clock.advance(4)
+    assert _sweep_all(deps) == 0
+    # And again at 5 s and later
+    clock.advance(1)
+    assert _sweep_all(deps) == 1
+    for _ in range(3):
+        clock.advance(30)
+        assert _sweep_all(deps) == 0
+    _pump(deps)
+    # Then one late event is delivered, of attempt 1, PENDING
+    [event] = receiver.events()
+    assert (event["type"], event["run_id"], event["attempt"], event["state"]) == (
+        "late",
+        run.run_id,
+        1,
+        "PENDING",
+    )
+    assert event["reason"] == "not started 5 s after its due time"
+
+
+def test_a_run_started_in_time_is_not_late(deps: Deps, clock: FixedClock, receiver: Receiver) -> None:
+    job_id = _submit(deps, "true", [_rule(receiver, "late")], late_after_seconds=5)
+    clock.advance(1)
+    assert Worker(deps, "small", owner="w1").poll_once(wait_seconds=2) == 1
+    clock.advance(60)
+    assert _sweep_all(deps) == 0
+    _pump(deps)
+    assert receiver.received == [] and deps.store.list_runs(job_id)[0].state == "SUCCEEDED"
+
+
+def test_a_paused_jobs_held_run_is_not_late(deps: Deps, clock: FixedClock, receiver: Receiver) -> None:
+    job_id = _submit(
+        deps,
+        "true",
+        [_rule(receiver, "late")],
+        late_after_seconds=5,
+        schedule=ScheduleSpec(expression="rate(1 minute)"),
+    )
+    jobs.pause_job(job_id, tenant="t1", deps=deps)
+    clock.advance(70)  # its claimed slot came due while paused: the start holds it
+    Worker(deps, "small", owner="w1").poll_once(wait_seconds=1)
+    assert deps.store.list_runs(job_id)[0].held == "paused"
+    clock.advance(10)
+    assert _sweep_all(deps) == 0

@@ -859,6 +859,11 @@ class Run(StoredModel):
     timeout_execution: str | None = None
     #: attempt 1 must start by this instant (due + starting_deadline_seconds) or the run is SKIPPED.
     start_deadline_at: Instant | None = None
+    #: notifications: not started by this instant (due + the job's ``late_after_seconds``), the run is
+    #: ``late`` (it is watched no later than then)
+    late_at: Instant | None = None
+    #: notifications: an attempt running longer than this is ``overran`` (the job's, when claimed)
+    expected_duration_seconds: int | None = None
     lease_owner: str | None = None
     lease_expires_at: Instant | None = None
     #: RUNNING on a container worker: the worker session whose renewals keep the lease (:class:`Session`);
@@ -976,6 +981,8 @@ class RunMessage(BaseModel):
     job_created_at: Instant | None = None
     #: a retry's ``retry_at``: its attempt may not start before it (None: the run's due time governs)
     retry_at: Instant | None = None
+    #: notifications: the start watches the run no later than this many seconds after it (``overran``)
+    expected_duration_seconds: int | None = None
 
     @property
     def run_id(self) -> str:

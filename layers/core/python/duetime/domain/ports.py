@@ -513,7 +513,7 @@ class NotificationStore(Protocol):
     def due_deliveries(self, now: datetime, *, limit: int) -> list[Delivery]:
         """Pending deliveries whose next try is due at ``now``, oldest first."""
 
-    def get_delivery(self, delivery_id: str) -> Delivery | None: ...
+    def get_delivery(self, job_id: str, delivery_id: str) -> Delivery | None: ...
 
     def save_delivery(self, delivery: Delivery) -> None:
         """Write the delivery's new status, attempts and next try."""
@@ -522,6 +522,13 @@ class NotificationStore(Protocol):
         self, job_id: str, *, limit: int, page_token: str | None = None
     ) -> tuple[list[tuple[NotificationEvent, list[Delivery]]], str | None]:
         """The job's events, newest first, each with its deliveries, and the next page's token."""
+
+
+class DeliveryWakeups(Protocol):
+    """Wakes the notifier for a delivery's next try at its ``next_attempt_at`` (the notifications queue's
+    delayed messages on AWS). The embedded store needs none: the local notifier polls due deliveries."""
+
+    def wake(self, deliveries: Sequence[Delivery], *, now: datetime) -> None: ...
 
 
 class WebhookSender(Protocol):

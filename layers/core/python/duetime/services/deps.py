@@ -15,6 +15,7 @@ from duetime.config.settings import Settings
 from duetime.domain.clock import Clock
 from duetime.domain.ports import (
     ChangeFeed,
+    DeliveryWakeups,
     LogStore,
     NotificationStore,
     RunQueue,
@@ -44,6 +45,8 @@ class NotifyPorts:
         sns: SNS topics and email.
         feed: the run changes, by cursor (the embedded store's outbox); None on AWS, where the runs table's
             stream invokes the notifier with them.
+        wakeups: wakes the notifier for each delivery's next try (the notifications queue on AWS); None where
+            the notifier polls due deliveries (the local stack).
     """
 
     store: NotificationStore
@@ -51,6 +54,7 @@ class NotifyPorts:
     webhooks: WebhookSender
     sns: SnsPublisher
     feed: ChangeFeed | None = None
+    wakeups: DeliveryWakeups | None = None
 
 
 @dataclass

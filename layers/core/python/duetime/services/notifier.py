@@ -192,6 +192,8 @@ def handle_signal(signal: RunSignal, deps: Deps) -> NotificationEvent | None:
     ]
     if not ports.store.record_event(event, deliveries, decision.incident):
         return None
+    if ports.wakeups is not None and deliveries:
+        ports.wakeups.wake(deliveries, now=now)
     logger.info(
         "notification event",
         extra={"event_id": event.event_id, "type": event.type, "job_id": job.job_id, "notified": notified},
@@ -269,7 +271,25 @@ def attempt_delivery(
             update["next_attempt_at"] = next_at
     saved = delivery.model_copy(update=update)
     ports.store.save_delivery(saved)
+    if saved.status == "pending" and ports.wakeups is not None:
+        ports.wakeups.wake([saved], now=now)
     return saved
+
+
+def wake_delivery(job_id: str, delivery_id: str, deps: Deps) -> Delivery | None:
+    """A wake-up for one delivery (the AWS notifier's queue message): try it if it is pending and due; one
+    woken early (a backoff longer than the queue's 15-minute delay) is woken again for its time. The
+    delivery after it, or None if there is nothing to try (delivered meanwhile, gone)."""
+    ports = _ports(deps)
+    delivery = ports.store.get_delivery(job_id, delivery_id)
+    if delivery is None or delivery.status != "pending" or delivery.next_attempt_at is None:
+        return None
+    now = deps.clock.now()
+    if delivery.next_attempt_at > now + timedelta(seconds=1):
+        if ports.wakeups is not None:
+            ports.wakeups.wake([delivery], now=now)
+        return delivery
+    return attempt_delivery(delivery, deps)
 
 
 def _current_rule(delivery: Delivery, deps: Deps) -> NotificationRule | None:

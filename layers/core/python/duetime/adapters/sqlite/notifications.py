@@ -195,7 +195,7 @@ class SqliteNotifications:
         )
         return [Delivery.from_stored(json.loads(r[0])) for r in rows]
 
-    def get_delivery(self, delivery_id: str) -> Delivery | None:
+    def get_delivery(self, job_id: str, delivery_id: str) -> Delivery | None:
         rows = self.db.read("SELECT doc FROM notification_deliveries WHERE delivery_id = ?", (delivery_id,))
         return Delivery.from_stored(json.loads(rows[0][0])) if rows else None
 

@@ -13,7 +13,7 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from duetime.api.resolver import create_app
-from duetime.api.routers import dead_letters, health, jobs, runs, schedules
+from duetime.api.routers import dead_letters, health, jobs, notifications, runs, schedules
 from duetime.config.observability import logger
 
 app = create_app()
@@ -22,6 +22,7 @@ app.include_router(jobs.router)
 app.include_router(runs.router)
 app.include_router(dead_letters.router)
 app.include_router(schedules.router)
+app.include_router(notifications.router)
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)

@@ -30,6 +30,7 @@ TAGS: list[Tag] = [
     Tag(name="runs", description="A job's runs, one run, its logs; cancel or re-drive a run"),
     Tag(name="dead-letters", description="Runs that used up their attempts"),
     Tag(name="schedules", description="Preview a schedule's fire times"),
+    Tag(name="notifications", description="Tenant notification rules; a job's events and deliveries"),
     Tag(name="health", description="Liveness"),
 ]
 

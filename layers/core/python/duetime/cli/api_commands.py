@@ -239,6 +239,51 @@ def jobs_slots(
         typer.echo(f"more: --next-token {page['next_token']}")
 
 
+def _delivery_table(found: list[dict[str, Any]]) -> Table:
+    table = Table("occurred (UTC)", "event", _id("run_id"), "notified", "target", "status", "tries", "last")
+    for event in found:
+        deliveries = event.get("deliveries") or [None]
+        for delivery in deliveries:
+            last = (delivery or {}).get("attempts") or [{}]
+            outcome = last[-1].get("status_code") or last[-1].get("error") or "-"
+            table.add_row(
+                event["occurred_at"][:19],
+                event["type"],
+                event["run_id"],
+                event["notified"],
+                delivery["target"] if delivery else "-",
+                delivery["status"] if delivery else "-",
+                str(delivery["tries"]) if delivery else "-",
+                str(outcome)[:60],
+            )
+    return table
+
+
+@jobs_app.command("deliveries")
+def jobs_deliveries(
+    job_id: str,
+    limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    next_token: Annotated[str | None, typer.Option()] = None,
+    api: Api = None,
+    token: Token = None,
+    sigv4: SigV4 = False,
+    as_json: AsJson = False,
+) -> None:
+    """A job's notification events, newest first, with each delivery's status and last try (muted and
+    suppressed events too)."""
+    page = _call(
+        api,
+        token,
+        sigv4,
+        "GET",
+        f"/jobs/{job_id}/deliveries",
+        query={"limit": limit, "next_token": next_token},
+    )
+    _show(page, as_json, _delivery_table(page["events"]))
+    if not as_json and page.get("next_token"):
+        typer.echo(f"more: --next-token {page['next_token']}")
+
+
 @jobs_app.command("update")
 def jobs_update(
     job_id: str,

@@ -94,6 +94,10 @@ def local(
             help="use this already-running moto server (kept running on exit) instead of starting one"
         ),
     ] = None,
+    notify_max_backoff_seconds: Annotated[
+        float,
+        typer.Option(min=0.1, help="notifications: the longest wait between a delivery's tries, seconds"),
+    ] = 3600.0,
     lambda_: Annotated[
         list[str] | None,
         typer.Option(
@@ -157,6 +161,7 @@ def local(
             tenant_submits_per_minute=tenant_submits_per_minute,
             tenant_max_active_jobs=tenant_max_active_jobs,
             tenant_max_running=tenant_max_running,
+            notify_max_backoff_seconds=notify_max_backoff_seconds,
         )
     )
     try:

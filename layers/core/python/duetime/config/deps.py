@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from duetime.config.settings import Settings, get_settings
 from duetime.domain.clock import Clock, SystemClock
-from duetime.services.deps import Deps
+from duetime.services.deps import Deps, NotifyPorts
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
@@ -30,6 +30,8 @@ __all__ = ["Deps", "default_deps", "deps_from_settings", "lambda_invoker", "sqli
 #: the embedded backend's database file and log directory, inside ``settings.state_dir``
 DATABASE_FILE = "duetime.sqlite"
 LOGS_DIR = "logs"
+#: the local stack's SNS: what would be published (topics and email), one JSON object a line
+SNS_FILE = "sns-published.jsonl"
 
 
 def deps_from_settings(settings: Settings, clock: Clock | None = None) -> Deps:
@@ -72,8 +74,11 @@ def sqlite_deps(settings: Settings, clock: Clock | None = None) -> Deps:
     Raises:
         StateFileError: the database cannot be opened (corrupted, locked, read-only, a newer schema).
     """
+    from duetime.adapters.http.webhooks import HttpWebhooks
     from duetime.adapters.sqlite.logs import FileLogs
+    from duetime.adapters.sqlite.notifications import SqliteNotifications
     from duetime.adapters.sqlite.queue import SqliteQueues
+    from duetime.adapters.sqlite.sns_stub import RecordingSns
     from duetime.adapters.sqlite.store import SqliteStore
 
     assert settings.state_dir is not None
@@ -81,6 +86,7 @@ def sqlite_deps(settings: Settings, clock: Clock | None = None) -> Deps:
     clock = clock or SystemClock()
     path = root / DATABASE_FILE
     store = SqliteStore(path, clock=clock, run_retention_days=settings.run_retention_days)
+    notifications = SqliteNotifications(path, retention_days=settings.run_retention_days)
     return Deps(
         settings=settings,
         store=store,
@@ -90,6 +96,13 @@ def sqlite_deps(settings: Settings, clock: Clock | None = None) -> Deps:
         idempotency=lambda: _sqlite_idempotency(path),
         # the file's write lock held past the busy timeout: transient, retried (logged without a traceback)
         unreachable=_busy,
+        notify=NotifyPorts(
+            store=notifications,
+            outbox=notifications,
+            webhooks=HttpWebhooks(allow_private=True),
+            sns=RecordingSns(root / SNS_FILE),
+            feed=notifications,
+        ),
     )
 
 

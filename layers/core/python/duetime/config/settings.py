@@ -86,6 +86,27 @@ class Settings(BaseModel):
     #: per-tenant limit on RUNNING runs (a soft limit: two starts at the same instant may pass it by one);
     #: unset = no limit and no bookkeeping
     tenant_max_running: int | None = Field(default=None, ge=1)
+    # ---- notifications (docs/design/notifications.md) ----
+    #: a webhook try's timeout, seconds
+    notify_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    #: the first retry's backoff ceiling and the longest, seconds (equal jitter, doubling)
+    notify_backoff_seconds: float = Field(default=5.0, gt=0)
+    notify_max_backoff_seconds: float = Field(default=3600.0, gt=0)
+    #: how long a delivery is retried before it is dead-lettered, seconds (about a day)
+    notify_window_seconds: float = Field(default=86_400.0, gt=0)
+    #: webhooks may go to loopback over plain HTTP and to private addresses (the local stack sets it; the
+    #: embedded backend allows it anyway)
+    notify_allow_private: bool = False
+    #: AWS: the notifier's table (events, deliveries, incidents; TTL) and queue (late/overran signals and
+    #: delivery retries); the SNS topic name prefix of the tenants' email topics
+    notifications_table: str | None = None
+    notifications_queue_url: str | None = None
+    email_topic_prefix: str = "duetime-email"
+
+    @property
+    def webhooks_local(self) -> bool:
+        """Whether webhook URLs follow the local stack's rules (loopback HTTP, private addresses)."""
+        return self.state_dir is not None or self.notify_allow_private
 
     @field_validator("queue_urls")
     @classmethod
@@ -156,6 +177,14 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_TENANT_MAX_ACTIVE_JOBS": "tenant_max_active_jobs",
     "DUETIME_TENANT_SUBMITS_PER_MINUTE": "tenant_submits_per_minute",
     "DUETIME_TENANT_MAX_RUNNING": "tenant_max_running",
+    "DUETIME_NOTIFY_TIMEOUT_SECONDS": "notify_timeout_seconds",
+    "DUETIME_NOTIFY_BACKOFF_SECONDS": "notify_backoff_seconds",
+    "DUETIME_NOTIFY_MAX_BACKOFF_SECONDS": "notify_max_backoff_seconds",
+    "DUETIME_NOTIFY_WINDOW_SECONDS": "notify_window_seconds",
+    "DUETIME_NOTIFY_ALLOW_PRIVATE": "notify_allow_private",
+    "DUETIME_NOTIFICATIONS_TABLE": "notifications_table",
+    "DUETIME_NOTIFICATIONS_QUEUE_URL": "notifications_queue_url",
+    "DUETIME_EMAIL_TOPIC_PREFIX": "email_topic_prefix",
 }
 
 

@@ -13,6 +13,7 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    Strict,
     StringConstraints,
     ValidationInfo,
     create_model,
@@ -22,6 +23,7 @@ from pydantic import (
 
 from duetime.domain.models import (
     MAX_LAMBDA_TIMEOUT_SECONDS,
+    MAX_RULES,
     MAX_TIMEOUT_SECONDS,
     STORED_CONTEXT,
     AttemptRecord,
@@ -30,6 +32,7 @@ from duetime.domain.models import (
     Job,
     JobId,
     JobState,
+    NotificationRule,
     OnTimeout,
     OverlapPolicy,
     RequestInstant,
@@ -81,6 +84,27 @@ JobName = Annotated[
 ]
 
 
+def _no_rotation_fields(rules: list[NotificationRule]) -> list[NotificationRule]:
+    """A request's webhook sends ``url`` and ``secret`` only: the rotation's fields are Duetime's own."""
+    for rule in rules:
+        if rule.webhook is not None and (
+            rule.webhook.previous_secret is not None or rule.webhook.previous_valid_until is not None
+        ):
+            raise ValueError(
+                "a webhook takes url and secret only: send a new secret to rotate it (the previous one stays "
+                "valid for 24 h)"
+            )
+    return rules
+
+
+#: a request's notification rules (docs/design/notifications.md)
+RuleList = Annotated[
+    list[NotificationRule],
+    Field(max_length=MAX_RULES, description="notification rules: `on` events and one target"),
+    AfterValidator(_no_rotation_fields),
+]
+
+
 def _lambda_timeout(timeout: int | None, info: ValidationInfo) -> int | None:
     """A Lambda task's timeout cannot exceed Lambda's own limit (900 s)."""
     task = info.data.get("task")
@@ -129,6 +153,22 @@ class CreateJobRequest(BaseModel):
         ge=1,
         le=MAX_TIMEOUT_SECONDS,
         description="a run not started this long after its due time is SKIPPED",
+    )
+    late_after_seconds: SInt | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_TIMEOUT_SECONDS,
+        description="a run not started this long after due is `late`",
+    )
+    expected_duration_seconds: SInt | None = Field(
+        default=None, ge=1, le=MAX_TIMEOUT_SECONDS, description="a run running longer than this `overran`"
+    )
+    notifications: RuleList = Field(default_factory=list)
+    inherit_tenant_notifications: Annotated[bool, Strict()] = Field(
+        default=True, description="the tenant's rules (`/tenants/me/notifications`) apply too"
+    )
+    mute_until: RequestInstant | None = Field(
+        default=None, description="until then events are recorded and listed, nothing is sent"
     )
 
     @model_validator(mode="before")
@@ -207,8 +247,39 @@ class UpdateJobRequest(BaseModel):
     starting_deadline_seconds: SInt | None = Field(
         default=None, ge=1, le=MAX_TIMEOUT_SECONDS, description="null: no deadline"
     )
+    late_after_seconds: SInt | None = Field(
+        default=None, ge=1, le=MAX_TIMEOUT_SECONDS, description="null: none"
+    )
+    expected_duration_seconds: SInt | None = Field(
+        default=None, ge=1, le=MAX_TIMEOUT_SECONDS, description="null: none"
+    )
+    notifications: RuleList | None = Field(
+        default=None,
+        description='replaced whole; a webhook secret sent as "set" keeps the stored one, a new one rotates it',
+    )
+    inherit_tenant_notifications: Annotated[bool, Strict()] | None = Field(
+        default=None, description="null: true"
+    )
+    mute_until: RequestInstant | None = Field(default=None, description="null: not muted")
 
     _timeout_fits_lambda = field_validator("timeout_seconds")(_lambda_timeout)
+
+
+class TenantNotificationsRequest(BaseModel):
+    """``PUT /tenants/me/notifications``: the tenant's default rules, replaced whole (every job that does not
+    say ``inherit_tenant_notifications: false`` uses them besides its own)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    notifications: RuleList
+
+
+class TenantNotificationsResponse(BaseModel):
+    """The tenant's default rules (webhook secrets shown as "set")."""
+
+    tenant: str
+    notifications: list[dict[str, Any]]
+    updated_at: Instant | None = None
 
 
 class RunSummary(BaseModel):
@@ -236,6 +307,13 @@ class JobResponse(BaseModel):
     catch_up: CatchUpPolicy
     overlap: OverlapPolicy
     starting_deadline_seconds: int | None
+    late_after_seconds: int | None = None
+    expected_duration_seconds: int | None = None
+    notifications: list[dict[str, Any]] = Field(
+        default_factory=list, description='the job\'s rules; webhook secrets shown as "set", never returned'
+    )
+    inherit_tenant_notifications: bool = True
+    mute_until: Instant | None = None
     missed_slots: int = Field(description="slots that did not run: skipped by catch-up or a pause, or missed")
     paused_at: Instant | None = Field(default=None, description="PAUSED jobs: when the pause began, UTC")
     next_fire_at: Instant | None
@@ -260,6 +338,7 @@ class JobResponse(BaseModel):
     ) -> JobResponse:
         data = job.model_dump(exclude={"shard", "anchor", "paused_next_fire_at", "schedule_changed_at"})
         data["next_fire_times"] = next_fire_times or []
+        data["notifications"] = [rule.shown() for rule in job.notifications]
         data["lag"] = lag.model_dump() if lag is not None else None
         if last_run is not None:
             data["last_run"] = RunSummary(
@@ -434,3 +513,49 @@ class SchedulePreviewResponse(BaseModel):
     description: str
     fire_times: list[Instant] = Field(description="UTC")
     local_times: list[str] = Field(description="ISO-8601 wall times in `timezone`, with their UTC offsets")
+
+
+class DeliveryTryResponse(BaseModel):
+    """One try of a delivery."""
+
+    at: Instant
+    ok: bool
+    status_code: int | None = None
+    error: str | None = None
+    duration_ms: int | None = None
+
+
+class DeliveryResponse(BaseModel):
+    """One event to one rule's target: ``pending`` (retried until ``next_attempt_at``), ``delivered``,
+    ``dead_lettered`` (retried for a day, or the address is forbidden) or ``cancelled`` (its rule removed)."""
+
+    delivery_id: str
+    kind: str = Field(description="webhook, sns or email")
+    target: str = Field(description="the URL, topic ARN or addresses (never a secret)")
+    origin: str = Field(description="job: the job's own rule; tenant: the tenant's default")
+    status: str
+    tries: int = Field(description="tries made so far")
+    attempts: list[DeliveryTryResponse] = Field(description="the newest 20 tries, oldest first")
+    next_attempt_at: Instant | None = None
+    created_at: Instant
+    finished_at: Instant | None = None
+
+
+class NotificationEventResponse(BaseModel):
+    """One event of a job, with its deliveries. ``notified``: ``sent``, ``muted`` (the job's ``mute_until``
+    was ahead: nothing sent), ``suppressed`` (the incident had alerted already) or ``no_rules``."""
+
+    event_id: str = Field(description="the receivers' idempotency key: the same for every duplicate")
+    type: str
+    run_id: str
+    attempt: int
+    state: str
+    reason: str | None = None
+    occurred_at: Instant
+    notified: str
+    deliveries: list[DeliveryResponse]
+
+
+class DeliveryListResponse(BaseModel):
+    events: list[NotificationEventResponse]
+    next_token: str | None = Field(description="pass as next_token for the next page; null on the last")

@@ -254,7 +254,8 @@ def build_run(
     It is watched from ``max(due_at, now) + watch_after_seconds`` (:attr:`Settings.first_watch_seconds`: the
     sweeper's first look, which re-sends a lost wake-up once the pending grace has passed and finds a worker
     that died early in the run; a start leaves the watch time), or from its starting deadline
-    when that comes first (``job.starting_deadline_seconds`` after ``due_at``).
+    when that comes first (``job.starting_deadline_seconds`` after ``due_at``), or from its ``late`` instant
+    (``job.late_after_seconds`` after ``due_at``) when that comes first.
     """
     grace = timedelta(seconds=watch_after_seconds)
     deadline = (
@@ -265,6 +266,11 @@ def build_run(
     watch_at = max(due_at, now) + grace
     if deadline is not None:
         watch_at = min(watch_at, max(deadline, now))
+    late_at = (
+        due_at + timedelta(seconds=job.late_after_seconds) if job.late_after_seconds is not None else None
+    )
+    if late_at is not None:
+        watch_at = min(watch_at, max(late_at, now))  # the sweeper finds it late at once (notifications)
     return Run(
         job_id=job.job_id,
         due_at=due_at,
@@ -281,6 +287,8 @@ def build_run(
         on_timeout=job.on_timeout,
         overlap=job.overlap,
         start_deadline_at=deadline,
+        late_at=late_at,
+        expected_duration_seconds=job.expected_duration_seconds,
         watch_at=watch_at,
         missed_slots=missed_slots,
         created_at=now,
@@ -315,4 +323,5 @@ def message_for(run: Run, *, attempt: int | None = None, retry_at: datetime | No
         trigger=run.trigger,
         job_created_at=run.job_created_at,
         retry_at=retry_at,
+        expected_duration_seconds=run.expected_duration_seconds,
     )

@@ -7,6 +7,7 @@ A job is split the way Temporal splits a schedule: ``schedule`` (when), ``task``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -18,6 +19,7 @@ from types import MappingProxyType
 from typing import Annotated, Any, Literal, Self, TypeVar, get_origin
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -33,6 +35,7 @@ from pydantic import (
     TypeAdapter,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
+    field_validator,
     model_validator,
 )
 from pydantic.fields import FieldInfo
@@ -623,6 +626,129 @@ class OverlapPolicy(StoredModel):
         return 1 if self.policy != "allow" else 1_000_000
 
 
+# ---- notification rules (docs/design/notifications.md) -------------------------------------------------
+class EventType(StrEnum):
+    """What a rule can be ``on``."""
+
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+    TIMED_OUT = "timed_out"
+    LATE = "late"
+    MISSED = "missed"
+    OVERRAN = "overran"
+    RECOVERED = "recovered"
+
+
+#: the failing streak's events: the first of each type in an incident alerts, the rest are recorded only
+FAILURE_EVENTS = frozenset({EventType.FAILED, EventType.DEAD_LETTERED, EventType.TIMED_OUT})
+#: an internal signal (never a rule's event): a run SUCCEEDED; it closes an open incident with ``recovered``
+SUCCEEDED = "succeeded"
+
+#: shortest webhook secret, bytes (HMAC-SHA256 keys shorter than this are guessable)
+MIN_SECRET_BYTES = 16
+#: what an answer shows in place of a secret; a write may send it back to keep the stored secret
+SECRET_SET = "set"
+#: how long a replaced webhook secret still signs deliveries (both signatures are sent), seconds
+ROTATION_SECONDS = 24 * 3600
+#: the shortest reminder period, seconds
+MIN_REMIND_SECONDS = 60
+#: most rules on a job or a tenant, and most addresses in an email rule
+MAX_RULES = 10
+MAX_EMAILS = 10
+
+
+def _secret_ok(secret: str) -> str:
+    if secret != SECRET_SET and len(secret.encode()) < MIN_SECRET_BYTES:
+        raise ValueError(
+            f"must be at least {MIN_SECRET_BYTES} bytes (or {SECRET_SET!r} to keep the stored one)"
+        )
+    return secret
+
+
+def _email_ok(address: str) -> str:
+    local, at, domain = address.partition("@")
+    if not at or not local or "." not in domain or any(c.isspace() for c in address):
+        raise ValueError(f"{address!r} is not an email address")
+    return address
+
+
+Email = Annotated[str, Field(min_length=3, max_length=254), AfterValidator(_email_ok)]
+
+
+class WebhookTarget(StoredModel):
+    """A webhook: deliveries are POSTed to ``url``, signed with ``secret`` (write-only).
+
+    Stored with the secret it replaced (``previous_secret``) while a rotation lasts (until
+    ``previous_valid_until``): deliveries then carry a ``v1=`` signature for each."""
+
+    url: Annotated[str, Field(min_length=8, max_length=2048)]
+    secret: Annotated[str, Field(max_length=256), AfterValidator(_secret_ok)]
+    previous_secret: str | None = None
+    previous_valid_until: Instant | None = None
+
+    def secrets(self, now: datetime) -> list[str]:
+        """The secrets that sign a delivery at ``now``: the current one, then the previous during rotation."""
+        keys = [self.secret]
+        if self.previous_secret and self.previous_valid_until and now < self.previous_valid_until:
+            keys.append(self.previous_secret)
+        return keys
+
+
+class NotificationRule(StoredModel):
+    """One rule: the events it is ``on`` and exactly one target (a webhook, an SNS topic or email addresses)."""
+
+    on: Annotated[list[EventType], Field(min_length=1, max_length=len(EventType))]
+    webhook: WebhookTarget | None = None
+    sns_topic_arn: (
+        Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}$")] | None
+    ) = None
+    email: Annotated[list[Email], Field(min_length=1, max_length=MAX_EMAILS)] | None = None
+    remind_every_seconds: Annotated[SInt, Field(ge=MIN_REMIND_SECONDS, le=30 * 86400)] | None = None
+
+    @field_validator("on")
+    @classmethod
+    def _unique(cls, value: list[EventType]) -> list[EventType]:
+        if len(set(value)) != len(value):
+            raise ValueError("lists an event twice")
+        return value
+
+    @model_validator(mode="after")
+    def _one_target(self) -> NotificationRule:
+        given = [n for n in ("webhook", "sns_topic_arn", "email") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(f"needs exactly one of webhook, sns_topic_arn, email (got {given or 'none'})")
+        return self
+
+    @property
+    def kind(self) -> Literal["webhook", "sns", "email"]:
+        return "webhook" if self.webhook else "sns" if self.sns_topic_arn else "email"
+
+    @property
+    def target(self) -> str:
+        """What the rule sends to, as shown in deliveries (never a secret)."""
+        if self.webhook is not None:
+            return self.webhook.url
+        if self.sns_topic_arn is not None:
+            return self.sns_topic_arn
+        return ",".join(sorted(self.email or []))
+
+    @property
+    def key(self) -> str:
+        """A stable id of the rule's target (its deliveries and reminders are keyed by it)."""
+        return hashlib.sha256(f"{self.kind}:{self.target}".encode()).hexdigest()[:16]
+
+    def shown(self) -> dict[str, Any]:
+        """The rule as an answer shows it: secrets replaced by ``"set"``."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        if self.webhook is not None:
+            hook: dict[str, Any] = {"url": self.webhook.url, "secret": SECRET_SET}
+            if self.webhook.previous_secret and self.webhook.previous_valid_until:
+                hook["previous_secret"] = SECRET_SET
+                hook["previous_valid_until"] = to_iso(self.webhook.previous_valid_until)
+            data["webhook"] = hook
+        return data
+
+
 class Job(StoredModel):
     """A job as stored. ``next_fire_at`` is present only while the job has a future fire.
 
@@ -642,6 +768,16 @@ class Job(StoredModel):
     catch_up: CatchUpPolicy = Field(default_factory=CatchUpPolicy)
     overlap: OverlapPolicy = Field(default_factory=OverlapPolicy)
     starting_deadline_seconds: int | None = None
+    #: notifications: a run not started this long after its due time is ``late``
+    late_after_seconds: int | None = None
+    #: notifications: a run running longer than this is ``overran``
+    expected_duration_seconds: int | None = None
+    #: the job's own notification rules (webhook secrets included: never shown)
+    notifications: list[NotificationRule] = Field(default_factory=list)
+    #: the tenant's default rules apply too (``GET|PUT /tenants/me/notifications``)
+    inherit_tenant_notifications: bool = True
+    #: until then events are recorded, nothing is sent
+    mute_until: Instant | None = None
     #: slots skipped by catch-up over the job's life
     missed_slots: int = 0
     #: PAUSED jobs: the first fire the pause held back (resume restarts from it; catch-up applies)
@@ -723,6 +859,11 @@ class Run(StoredModel):
     timeout_execution: str | None = None
     #: attempt 1 must start by this instant (due + starting_deadline_seconds) or the run is SKIPPED.
     start_deadline_at: Instant | None = None
+    #: notifications: not started by this instant (due + the job's ``late_after_seconds``), the run is
+    #: ``late`` (it is watched no later than then)
+    late_at: Instant | None = None
+    #: notifications: an attempt running longer than this is ``overran`` (the job's, when claimed)
+    expected_duration_seconds: int | None = None
     lease_owner: str | None = None
     lease_expires_at: Instant | None = None
     #: RUNNING on a container worker: the worker session whose renewals keep the lease (:class:`Session`);
@@ -840,6 +981,8 @@ class RunMessage(BaseModel):
     job_created_at: Instant | None = None
     #: a retry's ``retry_at``: its attempt may not start before it (None: the run's due time governs)
     retry_at: Instant | None = None
+    #: notifications: the start watches the run no later than this many seconds after it (``overran``)
+    expected_duration_seconds: int | None = None
 
     @property
     def run_id(self) -> str:

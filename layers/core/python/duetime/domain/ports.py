@@ -29,7 +29,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from duetime.domain.lifecycle import AttemptEnd
-from duetime.domain.models import AttemptRecord, Job, Run, RunMessage, Session
+from duetime.domain.models import AttemptRecord, Job, NotificationRule, Run, RunMessage, Session
+from duetime.domain.notifications import (
+    Delivery,
+    DeliveryAttempt,
+    Incident,
+    NotificationEvent,
+    RunSignal,
+    RunSnapshot,
+)
 
 if TYPE_CHECKING:  # a type only: importing Powertools' idempotency loads boto3 (~30 MB a process)
     from aws_lambda_powertools.utilities.idempotency import BasePersistenceLayer
@@ -454,3 +462,87 @@ class LambdaInvoker(Protocol):
         Raises:
             InvokeError: Lambda refused it (its error code is ``code``).
         """
+
+
+# ---- notifications (docs/design/notifications.md) ---------------------------------------------------------
+@dataclass(frozen=True)
+class ChangeEntry:
+    """One entry of the notifications outbox: a run row's change (``old`` None: inserted) or an event the
+    sweeper found (``signal``: ``late`` or ``overran``)."""
+
+    position: int
+    new: RunSnapshot | None = None
+    old: RunSnapshot | None = None
+    signal: RunSignal | None = None
+
+
+class ChangeFeed(Protocol):
+    """The run changes the notifier reads, in order, by cursor (the embedded store's outbox, filled by a
+    trigger on the runs table; on AWS the runs table's stream feeds the notifier Lambda instead)."""
+
+    def read_changes(self, *, limit: int) -> list[ChangeEntry]:
+        """The oldest ``limit`` entries after the cursor."""
+
+    def ack_changes(self, position: int) -> None:
+        """Move the cursor past ``position`` (entries up to it are not read again)."""
+
+
+class SignalOutbox(Protocol):
+    """Where the sweeper appends the time-based events (``late``, ``overran``): the outbox locally, the
+    notifications queue on AWS. At least once; a duplicate carries the same event id."""
+
+    def append_signals(self, signals: Sequence[RunSignal]) -> None: ...
+
+
+class NotificationStore(Protocol):
+    """Tenant rules, recorded events, deliveries and each job's incident state."""
+
+    def get_tenant_rules(self, tenant: str) -> tuple[list[NotificationRule], datetime | None]:
+        """The tenant's default rules and when they were last set (``([], None)``: never)."""
+
+    def put_tenant_rules(self, tenant: str, rules: Sequence[NotificationRule], *, now: datetime) -> None: ...
+
+    def get_incident(self, job_id: str) -> Incident: ...
+
+    def record_event(
+        self, event: NotificationEvent, deliveries: Sequence[Delivery], incident: Incident
+    ) -> bool:
+        """Record the event, its deliveries and the job's incident after it, together; False (nothing
+        written) if the event id is recorded already (a duplicate of its change)."""
+
+    def due_deliveries(self, now: datetime, *, limit: int) -> list[Delivery]:
+        """Pending deliveries whose next try is due at ``now``, oldest first."""
+
+    def get_delivery(self, job_id: str, delivery_id: str) -> Delivery | None: ...
+
+    def save_delivery(self, delivery: Delivery) -> None:
+        """Write the delivery's new status, attempts and next try."""
+
+    def list_events(
+        self, job_id: str, *, limit: int, page_token: str | None = None
+    ) -> tuple[list[tuple[NotificationEvent, list[Delivery]]], str | None]:
+        """The job's events, newest first, each with its deliveries, and the next page's token."""
+
+
+class DeliveryWakeups(Protocol):
+    """Wakes the notifier for a delivery's next try at its ``next_attempt_at`` (the notifications queue's
+    delayed messages on AWS). The embedded store needs none: the local notifier polls due deliveries."""
+
+    def wake(self, deliveries: Sequence[Delivery], *, now: datetime) -> None: ...
+
+
+class WebhookSender(Protocol):
+    """POSTs one delivery: resolves the host, refuses a forbidden address (SSRF), follows no redirect."""
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str], *, timeout: float) -> DeliveryAttempt:
+        """The try's outcome (``ok`` for a 2xx); never raises for a network failure."""
+
+
+class SnsPublisher(Protocol):
+    """SNS topics and email (through a topic of the tenant's own)."""
+
+    def publish(
+        self, topic_arn: str, *, subject: str, message: str, attributes: Mapping[str, str]
+    ) -> None: ...
+
+    def publish_email(self, tenant: str, address: str, *, subject: str, message: str) -> None: ...

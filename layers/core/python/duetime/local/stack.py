@@ -53,6 +53,8 @@ STATE_DIR = Path(".duetime")
 #: how long a worker of the stack told to stop may try to hand its run back after its task ended, seconds
 WORKER_STOP_BUDGET_SECONDS = 5.0
 STATE_FILE = STATE_DIR / "local.json"
+#: how often the local notifier reads the change feed and tries due deliveries, seconds
+NOTIFIER_PERIOD_SECONDS = 0.5
 #: the backends of ``duetime local``
 BACKENDS = ("sqlite", "moto")
 
@@ -103,6 +105,8 @@ class LocalOptions:
     tenant_submits_per_minute: int | None = None
     tenant_max_active_jobs: int | None = None
     tenant_max_running: int | None = None
+    #: notifications: the longest wait between a delivery's tries, seconds (tests shorten it)
+    notify_max_backoff_seconds: float = 3600.0
     #: bearer token -> tenant; empty = every request is the single tenant `local`
     tenants: dict[str, str] = field(default_factory=dict)
     #: reuse a moto server that is already running (its state survives a restart of Duetime's processes)
@@ -207,6 +211,10 @@ class LocalStack:
             "lease_seconds": opts.lease_seconds,
             "heartbeat_seconds": opts.heartbeat_seconds,
             "pending_grace_seconds": opts.pending_grace_seconds,
+            # webhooks to loopback over plain HTTP are the local stack's (a receiver on this machine)
+            "notify_allow_private": True,
+            "notify_backoff_seconds": min(5.0, opts.notify_max_backoff_seconds),
+            "notify_max_backoff_seconds": opts.notify_max_backoff_seconds,
             **{
                 k: v
                 for k, v in {
@@ -496,6 +504,30 @@ class LocalStack:
                 self._stopping.wait(max(0.0, next_at - time.monotonic()))
 
         self._thread(loop, "clock")
+        self._start_notifier()
+
+    def _start_notifier(self) -> None:
+        """The notifier (docs/design/notifications.md), off the clock loop's thread so a slow receiver never
+        delays a tick: every ``NOTIFIER_PERIOD_SECONDS`` it reads the change feed (the embedded store's
+        outbox) and tries the deliveries that are due."""
+        from duetime.config.deps import default_deps
+        from duetime.services import notifier
+
+        deps = default_deps()
+        if deps.notify is None or deps.notify.feed is None:
+            return
+
+        def loop() -> None:
+            while not self._stopping.is_set():
+                try:
+                    while notifier.process_changes(deps) and not self._stopping.is_set():
+                        pass
+                    notifier.deliver_due(deps)
+                except Exception as exc:  # noqa: BLE001 - the loop must survive a failed pass
+                    print(f"notifier failed: {exc!r}", file=sys.stderr, flush=True)
+                self._stopping.wait(NOTIFIER_PERIOD_SECONDS)
+
+        self._thread(loop, "notifier")
 
     def _spawn_worker(self, tier: str) -> None:
         from duetime.services.worker import STOP_BUDGET_ENV

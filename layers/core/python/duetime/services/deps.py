@@ -13,7 +13,18 @@ from typing import TYPE_CHECKING
 
 from duetime.config.settings import Settings
 from duetime.domain.clock import Clock
-from duetime.domain.ports import LogStore, RunQueue, Store, TimeoutRunner
+from duetime.domain.ports import (
+    ChangeFeed,
+    DeliveryWakeups,
+    LogStore,
+    NotificationStore,
+    RunQueue,
+    SignalOutbox,
+    SnsPublisher,
+    Store,
+    TimeoutRunner,
+    WebhookSender,
+)
 
 if TYPE_CHECKING:
     from duetime.domain.ports import IdempotencyPersistence
@@ -21,6 +32,29 @@ if TYPE_CHECKING:
 
 def _never(exc: BaseException) -> bool:  # noqa: ARG001 - the default classifier knows no endpoint
     return False
+
+
+@dataclass
+class NotifyPorts:
+    """What the notifier needs (docs/design/notifications.md).
+
+    Attributes:
+        store: tenants' rules, events, deliveries, incidents.
+        outbox: where the sweeper appends ``late`` and ``overran``.
+        webhooks: POSTs deliveries (SSRF-checked on the resolved address, no redirects).
+        sns: SNS topics and email.
+        feed: the run changes, by cursor (the embedded store's outbox); None on AWS, where the runs table's
+            stream invokes the notifier with them.
+        wakeups: wakes the notifier for each delivery's next try (the notifications queue on AWS); None where
+            the notifier polls due deliveries (the local stack).
+    """
+
+    store: NotificationStore
+    outbox: SignalOutbox
+    webhooks: WebhookSender
+    sns: SnsPublisher
+    feed: ChangeFeed | None = None
+    wakeups: DeliveryWakeups | None = None
 
 
 @dataclass
@@ -37,6 +71,7 @@ class Deps:
     unreachable: True for an exception that says the backing service could not be reached at all, or is
         too busy to answer for now (the embedded file's write lock held past its busy timeout): transient, so
         a worker logs one line for it instead of a traceback, and tries again.
+    notify: the notifier's ports (:class:`NotifyPorts`).
     """
 
     settings: Settings
@@ -47,3 +82,5 @@ class Deps:
     timeouts: TimeoutRunner | None = None
     idempotency: Callable[[], IdempotencyPersistence] | None = None
     unreachable: Callable[[BaseException], bool] = field(default=_never)
+    #: the notifier's ports; None where the deployment has none (rules are still validated and stored)
+    notify: NotifyPorts | None = None

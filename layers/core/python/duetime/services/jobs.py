@@ -45,6 +45,7 @@ from duetime.domain.schedules import DstPolicy, parse_schedule
 from duetime.domain.timeutil import to_iso, truncate_ms
 from duetime.services.claims import MAX_WALKED_SLOTS, claim_until, new_run, plan_put_claimed, put_claimed
 from duetime.services.deps import Deps
+from duetime.services.notifier import prepare_rules
 from duetime.services.runs import (
     HOLD_RECHECK_SECONDS,
     all_runs,
@@ -103,6 +104,11 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
         catch_up=request.catch_up,
         overlap=request.overlap,
         starting_deadline_seconds=request.starting_deadline_seconds,
+        late_after_seconds=request.late_after_seconds,
+        expected_duration_seconds=request.expected_duration_seconds,
+        notifications=prepare_rules([], request.notifications, field="notifications", deps=deps),
+        inherit_tenant_notifications=request.inherit_tenant_notifications,
+        mute_until=request.mute_until,
         state=JobState.ACTIVE,
         shard=shard_of(job_id, deps.settings.shard_count),
         next_fire_at=None,
@@ -400,6 +406,10 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
         raise ConflictError(f"job {job_id} is deleted")
     patch = request.model_dump(exclude_unset=True)
     changes = merge_patch(job, patch)
+    if request.notifications is not None:
+        # replaced whole; write-only secrets sent as "set" are kept, a new one rotates the stored one
+        rules = prepare_rules(job.notifications, request.notifications, field="notifications", deps=deps)
+        changes["notifications"] = [rule.model_dump() for rule in rules]
     now = truncate_ms(deps.clock.now())
     merged = {**job.model_dump(), **changes, "updated_at": now, "version": job.version + 1}
     try:

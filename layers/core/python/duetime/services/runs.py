@@ -254,11 +254,23 @@ def _start_watch_at(
     the claim, a retry's end, the sweeper's first look and re-send, a resume, a redrive, an overlap wait).
     So the watch time a start finds is at most ``now + first_watch_seconds``, which is never after the
     lease's end (``first_watch_seconds <= lease_seconds``): a worker that dies early in the run is found
-    at its lease's end (plus one sweep), and its timeout handler on time."""
-    if deadline_at is None:
+    at its lease's end (plus one sweep), and its timeout handler on time. A job's
+    ``expected_duration_seconds`` sooner than that moves it too (its ``overran`` notification)."""
+    overrun_at = (
+        now + timedelta(seconds=message.expected_duration_seconds)
+        if message.expected_duration_seconds is not None
+        else None
+    )
+    if deadline_at is None and overrun_at is None:
         return None
-    watch_at = running_watch_at(lease_expires_at, deadline_at, message.kill_grace_seconds, deps)
-    # the lease's end is never before now + first_watch_seconds: only a handler due sooner moves it
+    watch_at = (
+        running_watch_at(lease_expires_at, deadline_at, message.kill_grace_seconds, deps)
+        if deadline_at is not None
+        else lease_expires_at
+    )
+    if overrun_at is not None:  # notifications: the sweeper finds it overran at once
+        watch_at = min(watch_at, overrun_at)
+    # the lease's end is never before now + first_watch_seconds: only a handler (or overrun) due sooner moves it
     return watch_at if watch_at < now + timedelta(seconds=deps.settings.first_watch_seconds) else None
 
 

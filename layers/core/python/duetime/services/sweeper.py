@@ -35,6 +35,7 @@ from duetime.config.observability import logger
 from duetime.domain.errors import LeaseLostError
 from duetime.domain.lifecycle import delay_seconds, lease_held, message_for
 from duetime.domain.models import JobState, Run, RunState, Session
+from duetime.domain.notifications import RunSignal
 from duetime.services.deps import Deps
 from duetime.services.runs import (
     HOLD_RECHECK_SECONDS,
@@ -65,6 +66,8 @@ class SweepResult:
     #: expired worker sessions revoked (their runs then expired)
     sessions_revoked: int = 0
     skipped: int = 0
+    #: ``late`` and ``overran`` events appended to the notifications outbox
+    notified: int = 0
 
 
 #: overdue runs handled per batch (their sessions read together)
@@ -110,6 +113,8 @@ def _sweep_run(
 ) -> None:
     """:func:`sweep`'s decision for one overdue run (``sessions``: those of the batch's runs)."""
     try:
+        if deps.notify is not None and _time_signal(run, now, deps):
+            result.notified += 1
         if run.state is RunState.PENDING and run.held is not None:
             if _recheck_held(run, deps):
                 result.held_rechecked += 1
@@ -120,8 +125,11 @@ def _sweep_run(
                 skip(run, deps, reason="starting_deadline_exceeded")
                 result.deadline_skipped += 1
             elif now < (resend_at := _resend_at(run, deps)):
-                # its first look came before its pending grace ended: not lost yet, look again then
+                # its first look came before its pending grace ended: not lost yet, look again then (no
+                # later than its `late` instant)
                 step = now + timedelta(seconds=deps.settings.first_watch_seconds)
+                if run.attempt == 1 and run.late_at is not None and run.late_at > now:
+                    step = min(step, run.late_at)
                 if _defer(run, min(resend_at, step), deps):
                     result.rewatched += 1
                 else:
@@ -161,6 +169,61 @@ def _sweep_run(
             result.skipped += 1
     except LeaseLostError:
         result.skipped += 1  # someone else moved the run on meanwhile: nothing to do
+
+
+#: the run events that record a notification the sweeper found (so a run is signalled once per attempt)
+LATE_EVENT, OVERRAN_EVENT = "late", "overran"
+
+
+def _overrun_at(run: Run) -> datetime | None:
+    if run.state is not RunState.RUNNING or run.expected_duration_seconds is None or run.started_at is None:
+        return None
+    return run.started_at + timedelta(seconds=run.expected_duration_seconds)
+
+
+def _time_signal(run: Run, now: datetime, deps: Deps) -> bool:
+    """Append a ``late`` (a first attempt still PENDING past ``late_at``; a pause's hold is not late) or
+    ``overran`` (an attempt RUNNING past its expected duration) event to the notifications outbox, once:
+    the run's history records it (a write the stream and the trigger ignore), so the next sweeps see it
+    and append none again. True if one was appended."""
+    assert deps.notify is not None
+    if run.state is RunState.PENDING and run.attempt == 1 and run.held is None and run.late_at is not None:
+        if now < run.late_at or any(e.kind == LATE_EVENT for e in run.events):
+            return False
+        kind, reason = (
+            LATE_EVENT,
+            f"not started {int((run.late_at - run.due_at).total_seconds())} s after its due time",
+        )
+    else:
+        overrun_at = _overrun_at(run)
+        if overrun_at is None or now < overrun_at:
+            return False
+        if any(e.kind == OVERRAN_EVENT and e.detail.get("attempt") == run.attempt for e in run.events):
+            return False
+        kind, reason = OVERRAN_EVENT, f"running longer than its expected {run.expected_duration_seconds} s"
+    deps.notify.outbox.append_signals(
+        [
+            RunSignal(
+                kind=kind,
+                job_id=run.job_id,
+                due_at=run.due_at,
+                tenant=run.tenant,
+                attempt=run.attempt,
+                state=run.state.value,
+                reason=reason,
+                started_at=run.started_at if kind == OVERRAN_EVENT else None,
+            )
+        ]
+    )
+    # recorded after the append: a crash between the two appends it again at the next sweep (at least once;
+    # the duplicate has the same event id), never loses it
+    deps.store.record_event(
+        run.job_id,
+        run.due_at,
+        {"at": now, "kind": kind, "detail": {"attempt": run.attempt, "reason": reason}},
+    )
+    logger.info("notification signalled", extra={"run_id": run.run_id, "kind": kind})
+    return True
 
 
 def _end_session_lease(
@@ -218,6 +281,9 @@ def _rewatch(run: Run, deps: Deps) -> bool:
     watch_at = running_watch_at(
         run.lease_expires_at, run.deadline_at, run.on_timeout.kill_grace_seconds, deps
     )
+    overrun_at = _overrun_at(run)
+    if overrun_at is not None and overrun_at > deps.clock.now():
+        watch_at = min(watch_at, overrun_at)
     return (
         deps.store.rewatch_running(run.job_id, run.due_at, fencing_token=run.fencing_token, watch_at=watch_at)
         is not None

@@ -79,6 +79,27 @@ def _write_lock(real_path: str) -> threading.Lock:
         return lock
 
 
+def _snapshot(row: str) -> str:
+    """SQL of the outbox's projection of a runs row (``NEW`` or ``OLD``): the fields events are derived
+    from (:class:`~duetime.domain.notifications.RunSnapshot`), its last ended attempt included."""
+    fields = (
+        "state",
+        "attempt",
+        "dead_lettered",
+        "error",
+        "exit_code",
+        "missed_slots",
+        "started_at",
+        "finished_at",
+        "tenant",
+    )
+    pairs = ", ".join(f"'{f}', json_extract({row}.doc, '$.{f}')" for f in fields)
+    return (
+        f"json_object('job_id', {row}.job_id, 'due_at', {row}.due_at, {pairs}, "
+        f"'last_attempt', json(json_extract({row}.doc, '$.attempts[#-1]')))"
+    )
+
+
 #: Forward migrations: ``MIGRATIONS[n]`` takes the schema from version ``n`` to ``n + 1``. Append, never edit.
 #: Instants are fixed-width UTC text (``timeutil.to_iso``), so text order is time order, as in DynamoDB.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -183,6 +204,58 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             purge_at INTEGER NOT NULL
         ) WITHOUT ROWID""",
         "CREATE INDEX sessions_purge ON sessions (purge_at)",
+    ),
+    (
+        # ---- notifications (docs/design/notifications.md) ----
+        # the outbox: a trigger on runs appends each state change that can give an event (old and new
+        # images, projected to the fields events are derived from); the sweeper appends late/overran
+        # signals (kind 'signal'); the notifier reads it by cursor (notification_cursor) and prunes it
+        """CREATE TABLE notification_outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            kind TEXT NOT NULL,
+            old TEXT,
+            new TEXT NOT NULL
+        )""",
+        "CREATE TABLE notification_cursor (id INTEGER PRIMARY KEY CHECK (id = 1), position INTEGER NOT NULL)",
+        "INSERT INTO notification_cursor (id, position) VALUES (1, 0)",
+        f"""CREATE TRIGGER runs_outbox_insert AFTER INSERT ON runs
+            WHEN json_extract(NEW.doc, '$.state') = 'SKIPPED'
+              OR coalesce(json_extract(NEW.doc, '$.missed_slots'), 0) > 0
+            BEGIN INSERT INTO notification_outbox (kind, old, new) VALUES ('change', NULL, {_snapshot("NEW")}); END""",
+        f"""CREATE TRIGGER runs_outbox_update AFTER UPDATE OF doc ON runs
+            WHEN json_extract(NEW.doc, '$.state') IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'SKIPPED', 'RETRY_WAIT')
+              AND (json_extract(OLD.doc, '$.state') IS NOT json_extract(NEW.doc, '$.state')
+                   OR json_extract(OLD.doc, '$.attempt') IS NOT json_extract(NEW.doc, '$.attempt'))
+            BEGIN INSERT INTO notification_outbox (kind, old, new)
+                VALUES ('change', {_snapshot("OLD")}, {_snapshot("NEW")}); END""",
+        # tenants' default rules (webhook secrets inside: the API never answers them)
+        """CREATE TABLE tenant_notifications (
+            tenant TEXT PRIMARY KEY,
+            updated_at TEXT NOT NULL,
+            doc TEXT NOT NULL
+        )""",
+        # each job's incident (noise control)
+        "CREATE TABLE notification_incidents (job_id TEXT PRIMARY KEY, doc TEXT NOT NULL)",
+        # recorded events (muted or sent), newest first per job; expires_at: epoch seconds (retention)
+        """CREATE TABLE notification_events (
+            event_id TEXT PRIMARY KEY,
+            job_id TEXT NOT NULL,
+            occurred_at TEXT NOT NULL,
+            expires_at INTEGER NOT NULL,
+            doc TEXT NOT NULL
+        )""",
+        "CREATE INDEX notification_events_by_job ON notification_events (job_id, occurred_at, event_id)",
+        "CREATE INDEX notification_events_expiry ON notification_events (expires_at)",
+        # deliveries: pending ones by their next try
+        """CREATE TABLE notification_deliveries (
+            delivery_id TEXT PRIMARY KEY,
+            event_id TEXT NOT NULL,
+            next_attempt_at TEXT,
+            doc TEXT NOT NULL
+        )""",
+        "CREATE INDEX notification_deliveries_by_event ON notification_deliveries (event_id)",
+        "CREATE INDEX notification_deliveries_due ON notification_deliveries (next_attempt_at)"
+        " WHERE next_attempt_at IS NOT NULL",
     ),
 )
 

@@ -1,0 +1,1 @@
+"""HTTP adapters: the webhook sender (standard library only)."""

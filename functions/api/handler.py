@@ -12,6 +12,7 @@ from typing import Any
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from duetime.api.console import routes as console
 from duetime.api.resolver import create_app
 from duetime.api.routers import dead_letters, health, jobs, notifications, runs, schedules
 from duetime.config.observability import logger
@@ -23,6 +24,7 @@ app.include_router(runs.router)
 app.include_router(dead_letters.router)
 app.include_router(schedules.router)
 app.include_router(notifications.router)
+app.include_router(console.router)
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)

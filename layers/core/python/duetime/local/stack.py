@@ -183,6 +183,7 @@ class LocalStack:
         self._start_api()
         self._write_state()
         print(f"API: {self.api_url}", flush=True)
+        print(f"Console: {self.api_url}/console", flush=True)
         if self.aws_endpoint:
             print(f"AWS endpoint: {self.aws_endpoint}", flush=True)
         else:

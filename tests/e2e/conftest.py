@@ -26,11 +26,15 @@ class Stack:
     workdir: Path
     output: list[str] = field(default_factory=list)
 
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def request(
+        self, method: str, path: str, body: Any = None, *, token: str | None = None
+    ) -> tuple[int, Any]:
+        """``method path`` with a JSON ``body``; ``token``: as that tenant (``Authorization: Bearer``)."""
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(
-            self.api + path, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(self.api + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=15) as resp:
                 raw, status, ctype = resp.read(), resp.status, resp.headers.get("Content-Type", "")
@@ -39,12 +43,20 @@ class Stack:
         text = raw.decode()
         return status, (json.loads(text) if ctype.startswith("application/json") else text)
 
-    def wait_run(self, job_id: str, states: set[str], *, timeout: float = 30.0, count: int = 1) -> list[dict]:
+    def wait_run(
+        self,
+        job_id: str,
+        states: set[str],
+        *,
+        timeout: float = 30.0,
+        count: int = 1,
+        token: str | None = None,
+    ) -> list[dict]:
         """Poll until ``count`` runs of ``job_id`` are in ``states``; returns the runs (newest first)."""
         deadline = time.monotonic() + timeout
         runs: list[dict] = []
         while time.monotonic() < deadline:
-            _, body = self.request("GET", f"/jobs/{job_id}/runs?limit=50")
+            _, body = self.request("GET", f"/jobs/{job_id}/runs?limit=50", token=token)
             runs = body["runs"]
             if sum(r["state"] in states for r in runs) >= count:
                 return runs

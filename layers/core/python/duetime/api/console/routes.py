@@ -246,6 +246,8 @@ def job_page(job_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
     now = deps.clock.now()
     fires, recent = jobs.describe_job(job, deps, previews=NEXT_FIRES, recent=100)
     schedule = schedule_of(job)
+    if not fires and job.state is JobState.PAUSED and schedule is not None:
+        fires = schedule.preview(now, NEXT_FIRES)  # the schedule's, once resumed
     zone = job.schedule.timezone if job.schedule is not None else "UTC"
     found_slots, _ = slots.list_slots(job.job_id, tenant=tenant, deps=deps, limit=JOB_SLOTS)
     runs, runs_token = jobs.query_runs(job.job_id, tenant=tenant, deps=deps, limit=JOB_RUNS)

@@ -8,6 +8,7 @@ Parts (default: all, in this order):
   baseline  only the APScheduler 3 bursts
   submits   POST /jobs of a cron job from 8 concurrent keep-alive clients, on each backend -> submits/s, p50/p99
   tick      claims/s of one shard's tick against moto's server
+  console   the console's jobs page for a tenant with 10,000 jobs, on each backend -> server ms p50/p99
   model     the scale projection for 100M runs/day, 12K starts/s (from the parts' results)
 
 Results: a compact table on stdout, ``bench/results/latest.json`` (the parts run now merged over the previous
@@ -30,7 +31,7 @@ from typing import Any
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 #: the lag part's backends, the default (duetime local's) first (bench.stack.BACKENDS, without importing it)
 BACKENDS = ("sqlite", "moto")
-PARTS = ("cost", "lag", "baseline", "submits", "tick", "model")
+PARTS = ("cost", "lag", "baseline", "submits", "tick", "console", "model")
 FULL_SIZES = (100, 1000, 5000)
 QUICK_SIZES = (100, 300)
 FULL_TICK_M = (1000,)
@@ -281,6 +282,29 @@ def print_tick(tick: dict[str, Any]) -> None:
     print("calls per claim: " + ", ".join(f"{k} x{v:g}" for k, v in tick["calls_per_claim"].items()))
 
 
+def print_console(found: dict[str, Any]) -> None:
+    rows = [
+        [
+            f"{backend} {name}",
+            r["jobs"],
+            page["rows"],
+            page["server"]["p50_ms"],
+            page["server"]["p99_ms"],
+            page["client"]["p50_ms"],
+            r["target_ms"],
+        ]
+        for backend, r in found.items()
+        for name, page in r["pages"].items()
+    ]
+    print("\n== Console jobs page (server time from Server-Timing) ==")
+    print(
+        table(
+            rows,
+            ["backend page", "jobs", "rows", "server p50 ms", "server p99 ms", "client p50 ms", "target ms"],
+        )
+    )
+
+
 def _save(results: dict[str, Any], path: Path) -> None:
     """Write what is measured so far (a later part failing keeps the earlier parts' figures)."""
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -395,6 +419,19 @@ def main(argv: list[str] | None = None) -> int:
             "claim_concurrency": best["claim_concurrency"],
         }
         print_tick(results["tick"])
+    if "console" in parts:
+        from bench import console
+
+        results.setdefault("console", {})
+        for backend in backends:
+            jobs = 1000 if args.quick else console.JOBS
+            print(f"console: the jobs page of a tenant with {jobs:,} jobs, {backend} backend...", flush=True)
+            results["console"][backend] = {
+                **console.measure(backend=backend, jobs=jobs),
+                "commit": results["meta"]["machine"]["commit"],
+            }
+            _save(results, latest_path)
+        print_console(results["console"])
     if "model" in parts:
         from bench import model
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import wraps
@@ -132,15 +133,18 @@ def api_error(exc: Exception) -> tuple[int, dict[str, Any]]:
 
 def html_errors(func: Callable[P, Response[str]]) -> Callable[P, Response[str]]:
     """A page handler whose domain errors are error pages with the API's status and message (another
-    tenant's or an unknown id: the 404 page)."""
+    tenant's or an unknown id: the 404 page), its time in a ``Server-Timing: app;dur=MS`` header."""
 
     @wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response[str]:
+        started = time.perf_counter()
         try:
-            return func(*args, **kwargs)
+            response = func(*args, **kwargs)
         except (DuetimeError, ValidationError) as exc:
             status, error = api_error(exc)
-            return error_page(status, error["code"], error["message"], error.get("field"))
+            response = error_page(status, error["code"], error["message"], error.get("field"))
+        response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
+        return response
 
     return wrapper
 

@@ -49,7 +49,7 @@ def deps_from_settings(settings: Settings, clock: Clock | None = None) -> Deps:
     store = DynamoStore(
         settings.jobs_table,
         settings.runs_table,
-        run_retention_days=settings.run_retention_days,
+        retention=settings.retention,
         submits_table=settings.idempotency_table,
     )
     queues = SqsQueues(settings.queue_urls)
@@ -85,8 +85,10 @@ def sqlite_deps(settings: Settings, clock: Clock | None = None) -> Deps:
     root = Path(settings.state_dir)
     clock = clock or SystemClock()
     path = root / DATABASE_FILE
-    store = SqliteStore(path, clock=clock, run_retention_days=settings.run_retention_days)
-    notifications = SqliteNotifications(path, retention_days=settings.run_retention_days)
+    store = SqliteStore(path, clock=clock, retention=settings.retention)
+    notifications = SqliteNotifications(
+        path, retention_days=max(settings.run_retention_days, settings.failed_run_retention_days)
+    )
     return Deps(
         settings=settings,
         store=store,

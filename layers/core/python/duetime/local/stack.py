@@ -97,6 +97,10 @@ class LocalOptions:
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 10.0
     pending_grace_seconds: float = 60.0
+    #: the hot window's tiers (domain/retention.py)
+    run_retention_days: float = 14.0
+    failed_run_retention_days: float = 90.0
+    keep_last_runs: int = 20
     prefix: str = "duetime"
     verbose: bool = False
     state_file: Path = STATE_FILE
@@ -211,6 +215,9 @@ class LocalStack:
             "lease_seconds": opts.lease_seconds,
             "heartbeat_seconds": opts.heartbeat_seconds,
             "pending_grace_seconds": opts.pending_grace_seconds,
+            "run_retention_days": opts.run_retention_days,
+            "failed_run_retention_days": opts.failed_run_retention_days,
+            "keep_last_runs": opts.keep_last_runs,
             # webhooks to loopback over plain HTTP are the local stack's (a receiver on this machine)
             "notify_allow_private": True,
             "notify_backoff_seconds": min(5.0, opts.notify_max_backoff_seconds),

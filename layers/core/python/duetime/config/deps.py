@@ -52,6 +52,8 @@ def deps_from_settings(settings: Settings, clock: Clock | None = None) -> Deps:
         retention=settings.retention,
         submits_table=settings.idempotency_table,
     )
+    from duetime.adapters.aws.s3_archive import S3Archive
+
     queues = SqsQueues(settings.queue_urls)
     arn = settings.timeout_state_machine_arn
     return Deps(
@@ -63,6 +65,7 @@ def deps_from_settings(settings: Settings, clock: Clock | None = None) -> Deps:
         timeouts=StepFunctionsTimeoutRunner(arn, store, queues) if arn else None,
         idempotency=_dynamodb_idempotency(settings.idempotency_table),
         unreachable=aws.unreachable,
+        archive=S3Archive(settings.archive_bucket) if settings.archive_bucket else None,
     )
 
 
@@ -75,6 +78,7 @@ def sqlite_deps(settings: Settings, clock: Clock | None = None) -> Deps:
         StateFileError: the database cannot be opened (corrupted, locked, read-only, a newer schema).
     """
     from duetime.adapters.http.webhooks import HttpWebhooks
+    from duetime.adapters.sqlite.archive import FileArchive
     from duetime.adapters.sqlite.logs import FileLogs
     from duetime.adapters.sqlite.notifications import SqliteNotifications
     from duetime.adapters.sqlite.queue import SqliteQueues
@@ -105,6 +109,7 @@ def sqlite_deps(settings: Settings, clock: Clock | None = None) -> Deps:
             sns=RecordingSns(root / SNS_FILE),
             feed=notifications,
         ),
+        archive=FileArchive(root),
     )
 
 

@@ -7,10 +7,10 @@ own ``Deps`` with a :class:`~duetime.domain.clock.FixedClock` and moto-backed ad
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from duetime.config.settings import Settings, get_settings
 from duetime.domain.clock import Clock, SystemClock
@@ -19,12 +19,20 @@ from duetime.services.deps import Deps, NotifyPorts
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
+    from duetime.domain.models import Run
     from duetime.domain.ports import IdempotencyPersistence, LambdaInvoker
 
 # The adapters are imported by the function that picks them: a process on the embedded backend (a local
 # worker, an API process) never loads boto3 (about 30 MB of memory per process).
 
-__all__ = ["Deps", "default_deps", "deps_from_settings", "lambda_invoker", "sqlite_deps"]
+__all__ = [
+    "Deps",
+    "default_deps",
+    "deps_from_settings",
+    "lambda_invoker",
+    "sqlite_deps",
+    "stream_run_decoder",
+]
 
 
 #: the embedded backend's database file and log directory, inside ``settings.state_dir``
@@ -139,6 +147,13 @@ def _persistence(table: str) -> DynamoDBPersistenceLayer:
     from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
     return DynamoDBPersistenceLayer(table_name=table)
+
+
+def stream_run_decoder() -> Callable[[Mapping[str, Any]], Run]:
+    """How the archiver reads a run from a runs-table stream record's image (DynamoDB's wire format)."""
+    from duetime.adapters.aws.dynamodb import run_from_stream_image
+
+    return run_from_stream_image
 
 
 def lambda_invoker() -> LambdaInvoker:

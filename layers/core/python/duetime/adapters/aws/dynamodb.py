@@ -276,6 +276,11 @@ _INDEX_ONLY_ATTRIBUTES = frozenset(
 )
 
 
+def run_from_stream_image(image: Mapping[str, Any]) -> Run:
+    """The run of a runs-table stream record's image (``OldImage`` of a TTL deletion; wire format)."""
+    return run_from_item(deserialize(dict(image)))
+
+
 def run_from_item(item: Mapping[str, Any]) -> Run:
     data = {k: v for k, v in item.items() if k not in _INDEX_ONLY_ATTRIBUTES}
     return Run.from_stored(_decode_json_fields(_with_log_keys(data)))
@@ -1297,6 +1302,23 @@ class DynamoStore:
             "Item": serialize(run_to_item(run, retention=self.retention)),
             "ConditionExpression": "attribute_not_exists(job_id)",
         }
+
+    def put_back_run(self, run: Run, *, expires_at: datetime) -> bool:
+        """Put a run the TTL deleted back with the TTL ``expires_at`` (the keep-last-N rule, applied by the
+        archiver); False if a row of its key exists again."""
+        item = run_to_item(run, retention=self.retention)
+        item[RUNS_TTL_ATTRIBUTE] = int(expires_at.timestamp())
+        try:
+            self._ddb.put_item(
+                TableName=self.runs_table,
+                Item=serialize(item),
+                ConditionExpression="attribute_not_exists(job_id)",
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                return False
+            raise
+        return True
 
     def skip_pending(
         self, job_id: str, due_at: datetime, *, attempt: int, reason: str, now: datetime

@@ -27,7 +27,7 @@ import pytest
 
 from duetime.config.settings import ALL_TIERS, CONTAINER_TIERS
 from duetime.domain.clock import FixedClock
-from duetime.domain.ports import LogStore, RunQueue, Store
+from duetime.domain.ports import ArchiveStore, LogStore, RunQueue, Store
 
 #: the adapter sets the contract runs against (a new set: add its id and a ``_<id>_backend`` fixture)
 ADAPTER_SETS = ["aws", "sqlite"]
@@ -55,6 +55,8 @@ class Adapters:
     clock: FixedClock
     put_raw: Callable[[str, str], None] = field(repr=False)
     _unused_tiers: list[str] = field(default_factory=lambda: [*CONTAINER_TIERS, "lambda"], repr=False)
+    #: the run archive (:class:`~duetime.domain.ports.ArchiveStore`)
+    archive: ArchiveStore | None = None
 
     def new_tier(self) -> str:
         """A tier whose queue no one in this test has used yet: empty, with the production queue's settings
@@ -83,6 +85,7 @@ def _aws_backend() -> Iterator[AdapterFactory]:
 
     from duetime.adapters.aws.dynamodb import DynamoStore
     from duetime.adapters.aws.resources import ResourceNames, create_all
+    from duetime.adapters.aws.s3_archive import S3Archive
     from duetime.adapters.aws.s3_logs import S3Logs
     from duetime.adapters.aws.sqs import SqsQueues
     from tests.conftest import moto_env
@@ -121,6 +124,7 @@ def _aws_backend() -> Iterator[AdapterFactory]:
                 logs=S3Logs(names.logs_bucket),
                 clock=FixedClock(T0),
                 put_raw=put_raw,
+                archive=S3Archive(names.archive_bucket),
             )
 
         yield make
@@ -130,6 +134,7 @@ def _aws_backend() -> Iterator[AdapterFactory]:
 def _sqlite_backend(tmp_path: Path) -> AdapterFactory:
     """The embedded set: one SQLite file per test (the queues on the wall clock: test_queue waits in real
     time), logs as files beside it."""
+    from duetime.adapters.sqlite.archive import FileArchive
     from duetime.adapters.sqlite.logs import FileLogs
     from duetime.adapters.sqlite.queue import SqliteQueues
     from duetime.adapters.sqlite.store import SqliteStore
@@ -144,6 +149,7 @@ def _sqlite_backend(tmp_path: Path) -> AdapterFactory:
             logs=FileLogs(tmp_path / "logs"),
             clock=FixedClock(T0),
             put_raw=lambda tier, body: queues.send_raw(tier, body),
+            archive=FileArchive(tmp_path),
         )
 
     return make

@@ -76,7 +76,7 @@ def _claim_without_condition(backend: str) -> Any:
     if backend == "aws":
 
         def put_new_run(self: Any, run: Any) -> None:
-            item = dynamodb.serialize(dynamodb.run_to_item(run, retention_days=self.run_retention_days))
+            item = dynamodb.serialize(dynamodb.run_to_item(run, retention=self.retention))
             self._ddb.put_item(TableName=self.runs_table, Item=item)
 
         return _patched(dynamodb.DynamoStore, "put_new_run", put_new_run)

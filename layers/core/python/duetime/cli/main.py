@@ -72,6 +72,16 @@ def local(
     pending_grace_seconds: Annotated[
         float, typer.Option(min=1, help="a PENDING run this late is re-sent by the sweeper, seconds")
     ] = 60.0,
+    run_retention_days: Annotated[
+        float,
+        typer.Option(min=0.0001, help="the hot window: days a finished run stays hot before the archive"),
+    ] = 14.0,
+    failed_run_retention_days: Annotated[
+        float, typer.Option(min=0.0001, help="days a FAILED, TIMED_OUT or dead-lettered run stays hot")
+    ] = 90.0,
+    keep_last_runs: Annotated[
+        int, typer.Option(min=0, help="the last N runs of every job stay hot whatever their age")
+    ] = 20,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="handler logs and EMF metrics")] = False,
     tenant: Annotated[
         list[str] | None,
@@ -154,6 +164,9 @@ def local(
             lease_seconds=lease_seconds,
             heartbeat_seconds=heartbeat_seconds,
             pending_grace_seconds=pending_grace_seconds,
+            run_retention_days=run_retention_days,
+            failed_run_retention_days=failed_run_retention_days,
+            keep_last_runs=keep_last_runs,
             verbose=verbose,
             aws_endpoint=aws_endpoint,
             tenants=tenants,

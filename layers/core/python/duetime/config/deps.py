@@ -7,10 +7,10 @@ own ``Deps`` with a :class:`~duetime.domain.clock.FixedClock` and moto-backed ad
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from duetime.config.settings import Settings, get_settings
 from duetime.domain.clock import Clock, SystemClock
@@ -19,12 +19,20 @@ from duetime.services.deps import Deps, NotifyPorts
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
+    from duetime.domain.models import Run
     from duetime.domain.ports import IdempotencyPersistence, LambdaInvoker
 
 # The adapters are imported by the function that picks them: a process on the embedded backend (a local
 # worker, an API process) never loads boto3 (about 30 MB of memory per process).
 
-__all__ = ["Deps", "default_deps", "deps_from_settings", "lambda_invoker", "sqlite_deps"]
+__all__ = [
+    "Deps",
+    "default_deps",
+    "deps_from_settings",
+    "lambda_invoker",
+    "sqlite_deps",
+    "stream_run_decoder",
+]
 
 
 #: the embedded backend's database file and log directory, inside ``settings.state_dir``
@@ -49,9 +57,11 @@ def deps_from_settings(settings: Settings, clock: Clock | None = None) -> Deps:
     store = DynamoStore(
         settings.jobs_table,
         settings.runs_table,
-        run_retention_days=settings.run_retention_days,
+        retention=settings.retention,
         submits_table=settings.idempotency_table,
     )
+    from duetime.adapters.aws.s3_archive import S3Archive
+
     queues = SqsQueues(settings.queue_urls)
     arn = settings.timeout_state_machine_arn
     return Deps(
@@ -63,6 +73,7 @@ def deps_from_settings(settings: Settings, clock: Clock | None = None) -> Deps:
         timeouts=StepFunctionsTimeoutRunner(arn, store, queues) if arn else None,
         idempotency=_dynamodb_idempotency(settings.idempotency_table),
         unreachable=aws.unreachable,
+        archive=S3Archive(settings.archive_bucket) if settings.archive_bucket else None,
     )
 
 
@@ -75,6 +86,7 @@ def sqlite_deps(settings: Settings, clock: Clock | None = None) -> Deps:
         StateFileError: the database cannot be opened (corrupted, locked, read-only, a newer schema).
     """
     from duetime.adapters.http.webhooks import HttpWebhooks
+    from duetime.adapters.sqlite.archive import FileArchive
     from duetime.adapters.sqlite.logs import FileLogs
     from duetime.adapters.sqlite.notifications import SqliteNotifications
     from duetime.adapters.sqlite.queue import SqliteQueues
@@ -85,8 +97,10 @@ def sqlite_deps(settings: Settings, clock: Clock | None = None) -> Deps:
     root = Path(settings.state_dir)
     clock = clock or SystemClock()
     path = root / DATABASE_FILE
-    store = SqliteStore(path, clock=clock, run_retention_days=settings.run_retention_days)
-    notifications = SqliteNotifications(path, retention_days=settings.run_retention_days)
+    store = SqliteStore(path, clock=clock, retention=settings.retention)
+    notifications = SqliteNotifications(
+        path, retention_days=max(settings.run_retention_days, settings.failed_run_retention_days)
+    )
     return Deps(
         settings=settings,
         store=store,
@@ -103,6 +117,7 @@ def sqlite_deps(settings: Settings, clock: Clock | None = None) -> Deps:
             sns=RecordingSns(root / SNS_FILE),
             feed=notifications,
         ),
+        archive=FileArchive(root),
     )
 
 
@@ -132,6 +147,13 @@ def _persistence(table: str) -> DynamoDBPersistenceLayer:
     from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
     return DynamoDBPersistenceLayer(table_name=table)
+
+
+def stream_run_decoder() -> Callable[[Mapping[str, Any]], Run]:
+    """How the archiver reads a run from a runs-table stream record's image (DynamoDB's wire format)."""
+    from duetime.adapters.aws.dynamodb import run_from_stream_image
+
+    return run_from_stream_image
 
 
 def lambda_invoker() -> LambdaInvoker:

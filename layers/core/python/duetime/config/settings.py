@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from duetime.domain.errors import DuetimeError
+from duetime.domain.retention import RetentionPolicy
 
 #: Container tiers served by worker fleets, and the Lambda tier served by the dispatcher.
 CONTAINER_TIERS: tuple[str, ...] = ("small", "medium", "large")
@@ -72,8 +73,15 @@ class Settings(BaseModel):
     log_pack_window_seconds: float = Field(default=1.0, ge=0, le=10)
     #: seconds between a worker's SIGTERM and SIGKILL when it must stop a task.
     kill_grace_seconds: float = Field(default=10.0, ge=0)
-    #: retention of run rows (DynamoDB TTL), days.
-    run_retention_days: int = Field(default=90, ge=1)
+    #: the hot window (domain/retention.py): days a finished run stays in the hot store (DynamoDB's TTL)
+    #: before the archive; fractional (0.001 is 86.4 s)
+    run_retention_days: float = Field(default=14.0, gt=0)
+    #: days a FAILED, TIMED_OUT or dead-lettered run stays hot
+    failed_run_retention_days: float = Field(default=90.0, gt=0)
+    #: the last N runs of every job stay hot whatever their age
+    keep_last_runs: int = Field(default=20, ge=0)
+    #: the archive's S3 bucket (AWS); unset there, runs leaving the hot window are not readable by the API
+    archive_bucket: str = ""
     #: the timeout-handler state machine; unset = the sweeper applies the same plan in-process.
     timeout_state_machine_arn: str | None = None
     #: Powertools idempotency table for ``Idempotency-Key`` requests; unset = the header is refused.
@@ -102,6 +110,15 @@ class Settings(BaseModel):
     notifications_table: str | None = None
     notifications_queue_url: str | None = None
     email_topic_prefix: str = "duetime-email"
+
+    @property
+    def retention(self) -> RetentionPolicy:
+        """The hot window's tiers."""
+        return RetentionPolicy(
+            hot_days=self.run_retention_days,
+            failed_days=self.failed_run_retention_days,
+            keep_last=self.keep_last_runs,
+        )
 
     @property
     def webhooks_local(self) -> bool:
@@ -171,6 +188,9 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_LOG_PACK_WINDOW_SECONDS": "log_pack_window_seconds",
     "DUETIME_KILL_GRACE_SECONDS": "kill_grace_seconds",
     "DUETIME_RUN_RETENTION_DAYS": "run_retention_days",
+    "DUETIME_FAILED_RUN_RETENTION_DAYS": "failed_run_retention_days",
+    "DUETIME_KEEP_LAST_RUNS": "keep_last_runs",
+    "DUETIME_ARCHIVE_BUCKET": "archive_bucket",
     "DUETIME_TIMEOUT_STATE_MACHINE_ARN": "timeout_state_machine_arn",
     "DUETIME_IDEMPOTENCY_TABLE": "idempotency_table",
     "DUETIME_IDEMPOTENCY_TTL_SECONDS": "idempotency_ttl_seconds",

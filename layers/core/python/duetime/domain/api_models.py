@@ -444,9 +444,12 @@ class RunResponse(BaseModel):
         "it ends; null when the run is not RUNNING",
     )
     events: list[RunEvent]
+    archived: bool = Field(
+        default=False, description="the run has left the hot window: read from the archive (read only)"
+    )
 
     @classmethod
-    def of(cls, run: Run) -> RunResponse:
+    def of(cls, run: Run, *, archived: bool = False) -> RunResponse:
         data: dict[str, Any] = run.model_dump(
             exclude={
                 "tenant",
@@ -460,6 +463,7 @@ class RunResponse(BaseModel):
             }
         )
         data["run_id"] = run.run_id
+        data["archived"] = archived
         data["lag_seconds"] = schedule_lag(run)
         if run.state is RunState.RUNNING and all(a.attempt != run.attempt for a in run.attempts):
             # the attempt being run has no record until it ends: shown as it stands, apart from the ended

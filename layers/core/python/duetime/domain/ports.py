@@ -420,6 +420,40 @@ class LogStore(Protocol):
         Raises LogStoreError if some were not deleted."""
 
 
+class RunExpiry(Protocol):
+    """The hot window on a store without a TTL of its own (the embedded store; the local archiver)."""
+
+    def expired_runs(self, now: datetime, *, limit: int) -> list[tuple[Run, datetime]]:
+        """Up to ``limit`` finished runs whose TTL is at or before ``now``, soonest first, with their TTL."""
+
+    def rearm_runs(self, keys: Sequence[tuple[str, datetime]], *, expires_at: datetime) -> None:
+        """Push back the TTL of the runs of ``keys`` (``(job_id, due_at)``)."""
+
+    def delete_runs(self, keys: Sequence[tuple[str, datetime]]) -> int:
+        """Delete the finished runs of ``keys``; returns how many went."""
+
+
+class ArchiveStore(Protocol):
+    """Object storage of the run archive (:mod:`duetime.domain.archive`: its layout): S3 on AWS, files under
+    the state directory locally, the same keys in both. Every object is written whole (a reader sees all
+    of it or none), and writing a key again replaces it."""
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` at ``key`` (replacing what was there)."""
+
+    def get(self, key: str) -> bytes | None:
+        """The object at ``key``, or None."""
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes | None:
+        """Bytes ``offset .. offset + length - 1`` of the object at ``key``, or None if there is none."""
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every key under ``prefix``, in ascending order."""
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        """The ``/``-terminated key prefixes one level under ``prefix`` (S3's common prefixes), ascending."""
+
+
 @dataclass(frozen=True)
 class TimeoutPlan:
     """Everything one timeout-handler execution does, decided ahead (DESIGN.md section 5).

@@ -97,6 +97,10 @@ class LocalOptions:
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 10.0
     pending_grace_seconds: float = 60.0
+    #: the hot window's tiers (domain/retention.py)
+    run_retention_days: float = 14.0
+    failed_run_retention_days: float = 90.0
+    keep_last_runs: int = 20
     prefix: str = "duetime"
     verbose: bool = False
     state_file: Path = STATE_FILE
@@ -212,6 +216,9 @@ class LocalStack:
             "lease_seconds": opts.lease_seconds,
             "heartbeat_seconds": opts.heartbeat_seconds,
             "pending_grace_seconds": opts.pending_grace_seconds,
+            "run_retention_days": opts.run_retention_days,
+            "failed_run_retention_days": opts.failed_run_retention_days,
+            "keep_last_runs": opts.keep_last_runs,
             # webhooks to loopback over plain HTTP are the local stack's (a receiver on this machine)
             "notify_allow_private": True,
             "notify_backoff_seconds": min(5.0, opts.notify_max_backoff_seconds),
@@ -501,11 +508,28 @@ class LocalStack:
                     sweeper({})
                 except Exception as exc:  # noqa: BLE001
                     print(f"sweeper failed: {exc!r}", file=sys.stderr, flush=True)
+                self._archive_expired()
                 next_at = max(next_at + period, time.monotonic())  # a long tick skips missed periods
                 self._stopping.wait(max(0.0, next_at - time.monotonic()))
 
         self._thread(loop, "clock")
         self._start_notifier()
+
+    def _archive_expired(self) -> None:
+        """The local archiver (services/archiver.py): the embedded store has no TTL, so the clock loop moves
+        the finished runs past their tier's retention to the archive under the state directory. (The moto
+        backend has no TTL either and is not archived: its state is gone when it stops.)"""
+        from duetime.config.deps import default_deps
+        from duetime.services import archiver
+
+        deps = default_deps()
+        if deps.settings.backend != "sqlite":
+            return
+        try:
+            while archiver.archive_expired(deps, deps.store) >= archiver.LOCAL_BATCH:  # type: ignore[arg-type]
+                pass
+        except Exception as exc:  # noqa: BLE001 - the loop must survive a failed pass
+            print(f"archiver failed: {exc!r}", file=sys.stderr, flush=True)
 
     def _start_notifier(self) -> None:
         """The notifier (docs/design/notifications.md), off the clock loop's thread so a slow receiver never

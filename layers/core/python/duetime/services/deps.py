@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from duetime.config.settings import Settings
 from duetime.domain.clock import Clock
 from duetime.domain.ports import (
+    ArchiveStore,
     ChangeFeed,
     DeliveryWakeups,
     LogStore,
@@ -72,6 +73,7 @@ class Deps:
         too busy to answer for now (the embedded file's write lock held past its busy timeout): transient, so
         a worker logs one line for it instead of a traceback, and tries again.
     notify: the notifier's ports (:class:`NotifyPorts`).
+    archive: the run archive (:class:`~duetime.domain.ports.ArchiveStore`).
     """
 
     settings: Settings
@@ -84,3 +86,6 @@ class Deps:
     unreachable: Callable[[BaseException], bool] = field(default=_never)
     #: the notifier's ports; None where the deployment has none (rules are still validated and stored)
     notify: NotifyPorts | None = None
+    #: the run archive (domain/archive.py); None where the deployment has none (runs past the hot window
+    #: are then gone)
+    archive: ArchiveStore | None = None

@@ -43,8 +43,10 @@ from duetime.domain.models import (
 )
 from duetime.domain.schedules import DstPolicy, parse_schedule
 from duetime.domain.timeutil import to_iso, truncate_ms
+from duetime.services import history
 from duetime.services.claims import MAX_WALKED_SLOTS, claim_until, new_run, plan_put_claimed, put_claimed
 from duetime.services.deps import Deps
+from duetime.services.history import HistoryRun
 from duetime.services.notifier import prepare_rules
 from duetime.services.runs import (
     HOLD_RECHECK_SECONDS,
@@ -187,6 +189,22 @@ def get_run(run_id: str, *, tenant: str, deps: Deps) -> Run:
     return run
 
 
+def find_run(run_id: str, *, tenant: str, deps: Deps) -> HistoryRun:
+    """The caller's run from the hot store or, once it left the hot window, the archive (``archived``).
+
+    Raises:
+        NotFoundError: the id is malformed, or neither holds it for this tenant.
+    """
+    try:
+        job_id, due_at = parse_run_id(run_id)
+    except ValueError:
+        raise NotFoundError("run", run_id) from None
+    found = history.find_run(job_id, due_at, tenant=tenant, deps=deps)
+    if found is None:
+        raise NotFoundError("run", run_id)
+    return found
+
+
 def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = None) -> str:
     """The combined stdout+stderr of one attempt of the caller's run (default: the current attempt while the
     run is RUNNING, else the latest attempt that left a log).
@@ -198,7 +216,8 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
         NotFoundError: the run is not the caller's, ``attempt`` never happened, or it ended without leaving
             any log (neither a final object nor a streamed chunk).
     """
-    run = get_run(run_id, tenant=tenant, deps=deps)
+    found = find_run(run_id, tenant=tenant, deps=deps)
+    run, archived_logs = found.run, found.logs
     # every ended attempt, with the key its worker wrote to: recorded, or (a lost worker's attempt recorded
     # without one) the key it streams under anyway
     keys = {a.attempt: a.log_key or log_key(run.job_id, run_id, a.attempt) for a in run.attempts}
@@ -220,6 +239,8 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
     def read(key: str, number: int | None = None) -> str | None:
         if number in empty:
             return ""
+        if number is not None and str(number) in archived_logs:  # archived with the run
+            return archived_logs[str(number)]
         data = None
         if number in ranges:
             pack, offset, length = ranges[number]
@@ -366,6 +387,32 @@ def list_jobs(
     """The caller's jobs, newest first (DELETED ones only when ``state=DELETED``), and the next page's token."""
     return deps.store.list_jobs(
         tenant, limit=limit, page_token=next_token, state=state, name_prefix=name_prefix
+    )
+
+
+def query_history(
+    job_id: str,
+    *,
+    tenant: str,
+    deps: Deps,
+    limit: int = 20,
+    next_token: str | None = None,
+    state: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> tuple[list[HistoryRun], str | None]:
+    """The job's runs, newest due time first, across the hot store and the archive (a DELETED job's too),
+    filtered by state and due-time window; and the next page's token (:mod:`duetime.services.history`)."""
+    get_job(job_id, tenant=tenant, deps=deps)
+    return history.list_history(
+        job_id,
+        tenant=tenant,
+        deps=deps,
+        limit=limit,
+        next_token=next_token,
+        state=state,
+        since=since,
+        until=until,
     )
 
 

@@ -78,6 +78,7 @@ from duetime.domain.models import (
     run_id_for,
 )
 from duetime.domain.ports import JobAdvance, RunStart
+from duetime.domain.retention import RetentionPolicy
 from duetime.domain.timeutil import from_iso, to_iso
 
 _ser = TypeSerializer()
@@ -232,7 +233,7 @@ def _with_log_keys(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def run_to_item(run: Run, *, retention_days: int) -> dict[str, Any]:
+def run_to_item(run: Run, *, retention: RetentionPolicy) -> dict[str, Any]:
     data = _encode_json_fields(run.model_dump(mode="python"))
     data["log_key"] = stored_log_key(run.job_id, run.due_at, run.attempt, run.log_key)
     data["attempts"] = [record_to_attr(run.job_id, run.due_at, r) for r in run.attempts]
@@ -245,14 +246,39 @@ def run_to_item(run: Run, *, retention_days: int) -> dict[str, Any]:
         data[ACTIVE_INDEX_PK] = run.job_id
     if run.dead_lettered:
         data[DEAD_LETTER_INDEX_PK] = run.tenant
-    data[RUNS_TTL_ATTRIBUTE] = int((run.due_at + timedelta(days=retention_days)).timestamp())
+    data[RUNS_TTL_ATTRIBUTE] = int(retention.expires_at(run).timestamp())
     return data
+
+
+def set_terminal_ttl(update: Update, due_at: datetime, retention: RetentionPolicy) -> Update:
+    """Add the run's TTL by its tier to ``update`` when it ends the run (the end writes the row anyway, so
+    the tier costs no write unit); an update that leaves the state alone keeps the row's TTL."""
+    state = update.sets.get("state")
+    if state is None or RUNS_TTL_ATTRIBUTE in update.sets:
+        return update
+    run_state = RunState(str(state))
+    if not run_state.terminal:
+        return update
+    finished = update.sets.get("finished_at")
+    expires = retention.expires_for(
+        run_state,
+        due_at=due_at,
+        finished_at=finished if isinstance(finished, datetime) else None,
+        dead_lettered=bool(update.sets.get("dead_lettered")),
+    )
+    update.sets[RUNS_TTL_ATTRIBUTE] = int(expires.timestamp())
+    return update
 
 
 #: attributes that exist only to place a run in a sparse index (derived from the run's own fields)
 _INDEX_ONLY_ATTRIBUTES = frozenset(
     {WATCH_INDEX_PK, ACTIVE_INDEX_PK, RUNNING_INDEX_PK, DEAD_LETTER_INDEX_PK, RUNS_TTL_ATTRIBUTE}
 )
+
+
+def run_from_stream_image(image: Mapping[str, Any]) -> Run:
+    """The run of a runs-table stream record's image (``OldImage`` of a TTL deletion; wire format)."""
+    return run_from_item(deserialize(dict(image)))
 
 
 def run_from_item(item: Mapping[str, Any]) -> Run:
@@ -396,7 +422,7 @@ class DynamoStore:
     Args:
         jobs_table: physical name of the jobs table.
         runs_table: physical name of the runs table.
-        run_retention_days: TTL of run rows, days after their due time.
+        retention: the hot window's tiers: each run row's TTL (domain/retention.py).
         submits_table: the table with a TTL that holds the per-tenant per-minute submit counters (the
             idempotency table); None: submits are not counted (no per-minute quota).
     """
@@ -406,12 +432,12 @@ class DynamoStore:
         jobs_table: str,
         runs_table: str,
         *,
-        run_retention_days: int = 90,
+        retention: RetentionPolicy | None = None,
         submits_table: str | None = None,
     ) -> None:
         self.jobs_table = jobs_table
         self.runs_table = runs_table
-        self.run_retention_days = run_retention_days
+        self.retention = retention or RetentionPolicy()
         self.submits_table = submits_table
 
     @property
@@ -730,7 +756,7 @@ class DynamoStore:
         try:
             self._ddb.put_item(
                 TableName=self.runs_table,
-                Item=serialize(run_to_item(run, retention_days=self.run_retention_days)),
+                Item=serialize(run_to_item(run, retention=self.retention)),
                 ConditionExpression="attribute_not_exists(job_id)",
             )
         except ClientError as exc:
@@ -1079,7 +1105,7 @@ class DynamoStore:
                 TableName=self.runs_table,
                 Key=self._run_key(job_id, due_at),
                 ReturnValues="ALL_NEW",
-                **update.build(),
+                **set_terminal_ttl(update, due_at, self.retention).build(),
             )
         except ClientError as exc:
             if _is_condition_failure(exc):
@@ -1266,16 +1292,33 @@ class DynamoStore:
         return {
             "TableName": self.runs_table,
             "Key": self._run_key(end.job_id, end.due_at),
-            **self._end_attempt_update(end).build(),
+            **set_terminal_ttl(self._end_attempt_update(end), end.due_at, self.retention).build(),
         }
 
     def put_new_run_request(self, run: Run) -> dict[str, Any]:
         """:meth:`put_new_run` as PutItem parameters (the timeout handler's triggered run)."""
         return {
             "TableName": self.runs_table,
-            "Item": serialize(run_to_item(run, retention_days=self.run_retention_days)),
+            "Item": serialize(run_to_item(run, retention=self.retention)),
             "ConditionExpression": "attribute_not_exists(job_id)",
         }
+
+    def put_back_run(self, run: Run, *, expires_at: datetime) -> bool:
+        """Put a run the TTL deleted back with the TTL ``expires_at`` (the keep-last-N rule, applied by the
+        archiver); False if a row of its key exists again."""
+        item = run_to_item(run, retention=self.retention)
+        item[RUNS_TTL_ATTRIBUTE] = int(expires_at.timestamp())
+        try:
+            self._ddb.put_item(
+                TableName=self.runs_table,
+                Item=serialize(item),
+                ConditionExpression="attribute_not_exists(job_id)",
+            )
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                return False
+            raise
+        return True
 
     def skip_pending(
         self, job_id: str, due_at: datetime, *, attempt: int, reason: str, now: datetime

@@ -105,6 +105,8 @@ class ResourceNames(BaseModel):
     dead_letter_queues: dict[str, str]
     #: Powertools idempotency records of ``Idempotency-Key`` requests
     idempotency_table: str = ""
+    #: the run archive (domain/archive.py)
+    archive_bucket: str = ""
 
     @classmethod
     def for_prefix(cls, prefix: str) -> ResourceNames:
@@ -116,6 +118,7 @@ class ResourceNames(BaseModel):
             queues={tier: f"{prefix}-{tier}" for tier in ALL_TIERS},
             dead_letter_queues={tier: f"{prefix}-{tier}-dlq" for tier in ALL_TIERS},
             idempotency_table=f"{prefix}-idempotency",
+            archive_bucket=f"{prefix}-archive",
         )
 
 
@@ -270,10 +273,11 @@ def create_all(names: ResourceNames, *, session: Any = None) -> dict[str, str]:
         )
 
     s3 = sess.client("s3")
-    try:
-        s3.head_bucket(Bucket=names.logs_bucket)
-    except Exception:  # noqa: BLE001 - any miss means "create it"
-        s3.create_bucket(Bucket=names.logs_bucket)
+    for bucket in filter(None, (names.logs_bucket, names.archive_bucket)):
+        try:
+            s3.head_bucket(Bucket=bucket)
+        except Exception:  # noqa: BLE001 - any miss means "create it"
+            s3.create_bucket(Bucket=bucket)
 
     sqs = sess.client("sqs")
     urls: dict[str, str] = {}

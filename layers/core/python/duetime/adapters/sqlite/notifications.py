@@ -99,7 +99,7 @@ class SqliteNotifications:
     """:class:`~duetime.domain.ports.ChangeFeed`, :class:`~duetime.domain.ports.SignalOutbox` and
     :class:`~duetime.domain.ports.NotificationStore` on the stack's SQLite file."""
 
-    def __init__(self, path: str | Path, *, retention_days: int = EVENT_RETENTION_DAYS) -> None:
+    def __init__(self, path: str | Path, *, retention_days: float = EVENT_RETENTION_DAYS) -> None:
         self.db = Database(path)
         self.retention = timedelta(days=retention_days)
 

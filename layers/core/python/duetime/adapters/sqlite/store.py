@@ -25,7 +25,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from duetime.domain.models import (
     Trigger,
 )
 from duetime.domain.ports import JobAdvance, RunStart
+from duetime.domain.retention import RetentionPolicy
 from duetime.domain.timeutil import from_iso, to_iso
 
 # the run's index-only attributes (DynamoDB's names, kept as columns, never in the document)
@@ -83,6 +84,19 @@ SUBMIT_COUNTER_TTL_SECONDS = 120
 PAGE_SIZE = 500
 #: ids per ``IN (...)`` of get_jobs, get_runs and get_sessions
 _IDS_PER_READ = 500
+
+
+def _ttl(retention: RetentionPolicy, doc: Mapping[str, Any], due_at: datetime) -> int:
+    """A run row's ``expires_at`` (epoch seconds) by the hot window's tiers (DynamoDB's TTL)."""
+    finished = doc.get("finished_at")
+    return int(
+        retention.expires_for(
+            RunState(str(doc["state"])),
+            due_at=due_at,
+            finished_at=from_iso(str(finished)) if finished else None,
+            dead_lettered=bool(doc.get("dead_lettered")),
+        ).timestamp()
+    )
 
 
 def _session_purge_at(expires_at: datetime) -> int:
@@ -277,13 +291,16 @@ class SqliteStore:
         path: the database file (created, and its schema migrated, if needed).
         clock: the clock of housekeeping only (:meth:`purge_expired`); every transition takes its instants as
             arguments, as the port says.
-        run_retention_days: a run row's lifetime after its due time (DynamoDB's TTL on runs).
+        retention: the hot window's tiers, which set each run row's ``expires_at`` (DynamoDB's TTL on runs);
+            the local archiver (:mod:`duetime.services.archiver`) moves rows past it to the archive.
     """
 
-    def __init__(self, path: str | Path, *, clock: Clock | None = None, run_retention_days: int = 90) -> None:
+    def __init__(
+        self, path: str | Path, *, clock: Clock | None = None, retention: RetentionPolicy | None = None
+    ) -> None:
         self.db = Database(path)
         self.clock: Clock = clock or SystemClock()
-        self.run_retention_days = run_retention_days
+        self.retention = retention or RetentionPolicy()
         self._token_key: bytes | None = None
 
     def close(self) -> None:
@@ -709,7 +726,7 @@ class SqliteStore:
             index.get(RUNNING_TENANT),
             index.get(DEAD_LETTER_TENANT),
             doc.get("dead_lettered_at"),
-            int((due_at + timedelta(days=self.run_retention_days)).timestamp()),
+            _ttl(self.retention, doc, due_at),
             json.dumps(doc, separators=(",", ":")),
             str(doc["job_id"]),
             to_iso(due_at),
@@ -1166,6 +1183,40 @@ class SqliteStore:
             ).fetchone()
         return row is not None and row[0] is not None
 
+    # ---- the hot window (the local archiver; DynamoDB's TTL on AWS) -----------------------------------
+    def expired_runs(self, now: datetime, *, limit: int) -> list[tuple[Run, datetime]]:
+        """Up to ``limit`` finished runs whose ``expires_at`` is at or before ``now``, soonest expiry first,
+        each with its expiry (a row written under an older rule keeps its own)."""
+        rows = self.db.read(
+            "SELECT doc, expires_at FROM runs WHERE expires_at <= ?"
+            " AND json_extract(doc, '$.state') IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'CANCELLED', 'SKIPPED')"
+            " ORDER BY expires_at LIMIT ?",
+            (int(now.timestamp()), max(0, limit)),
+        )
+        return [(self._run(r[0]), from_epoch_s(int(r[1]))) for r in rows]
+
+    def rearm_runs(self, keys: Sequence[tuple[str, datetime]], *, expires_at: datetime) -> None:
+        """Push back the ``expires_at`` of the runs of ``keys`` (the keep-last-N rule)."""
+        epoch = int(expires_at.timestamp())
+        with self.db.transaction() as conn:
+            conn.executemany(
+                "UPDATE runs SET expires_at = ? WHERE job_id = ? AND due_at = ?",
+                [(epoch, job_id, to_iso(due_at)) for job_id, due_at in keys],
+            )
+
+    def delete_runs(self, keys: Sequence[tuple[str, datetime]]) -> int:
+        """Delete the finished runs of ``keys`` from the hot store (once archived); returns how many went.
+        A run that is not finished is left alone."""
+        with self.db.transaction() as conn:
+            gone = 0
+            for job_id, due_at in keys:
+                gone += conn.execute(
+                    "DELETE FROM runs WHERE job_id = ? AND due_at = ? AND json_extract(doc, '$.state')"
+                    " IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'CANCELLED', 'SKIPPED')",
+                    (job_id, to_iso(due_at)),
+                ).rowcount
+        return gone
+
     # ---- housekeeping --------------------------------------------------------------------------------
     def purge_expired(self, now: datetime | None = None) -> int:
         """Delete the runs past their retention (DynamoDB's TTL) and expired submit counters; returns how
@@ -1213,6 +1264,11 @@ class SqliteStore:
             return [str(k) for k in key]
         except (ValueError, TypeError, binascii.Error):
             raise PageTokenError() from None
+
+
+def from_epoch_s(epoch: int) -> datetime:
+    """An aware UTC datetime of epoch seconds."""
+    return datetime.fromtimestamp(epoch, tz=UTC)
 
 
 def _b64(data: bytes) -> str:

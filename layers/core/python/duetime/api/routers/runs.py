@@ -43,7 +43,7 @@ def list_runs(
     """
     check_instant("since", since)
     check_instant("until", until)
-    found, token = jobs.query_runs(
+    found, token = jobs.query_history(
         job_id,
         tenant=tenant,
         deps=deps,
@@ -53,7 +53,7 @@ def list_runs(
         since=since,
         until=until,
     )
-    return RunListResponse(runs=[RunResponse.of(r) for r in found], next_token=token)
+    return RunListResponse(runs=[RunResponse.of(h.run, archived=h.archived) for h in found], next_token=token)
 
 
 @router.get("/runs/<run_id>", tags=TAGS, responses=ok(200, RunResponse, "The run") | errors(404))
@@ -63,7 +63,8 @@ def get_run(run_id: str, deps: ServiceDeps, tenant: Tenant) -> RunResponse:
     Its state, attempt, timings, exit code, schedule lag, attempt history and events. A run's id is
     `<job_id>.<due time in epoch ms>`, stable across retries.
     """
-    return RunResponse.of(jobs.get_run(run_id, tenant=tenant, deps=deps))
+    found = jobs.find_run(run_id, tenant=tenant, deps=deps)
+    return RunResponse.of(found.run, archived=found.archived)
 
 
 @router.post(

@@ -78,7 +78,11 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     emulate_fair_queues()
-    server = make_server(args.host, args.port, make_app(), threaded=True, request_handler=MotoRequestHandler)
+    class KeepAliveHandler(MotoRequestHandler):
+        # HTTP/1.1: clients keep their connections (werkzeug closes every HTTP/1.0 one), as on AWS
+        protocol_version = "HTTP/1.1"
+
+    server = make_server(args.host, args.port, make_app(), threaded=True, request_handler=KeepAliveHandler)
     # Step Functions' service integrations inside moto call back into this server on MOTO_PORT
     os.environ["MOTO_PORT"] = str(server.server_port)
     from moto.moto_api._internal.models import moto_api_backend

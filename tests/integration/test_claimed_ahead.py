@@ -108,6 +108,30 @@ def test_runs_due_during_a_pause_are_held_and_the_resume_applies_the_catch_up_po
     assert isinstance(_start_at_due(deps, clock, claimed[3]), Run)
 
 
+def test_a_completed_one_off_whose_run_is_claimed_can_be_paused_and_its_run_waits_for_the_resume(
+    deps: Deps, clock
+) -> None:
+    # Given a one-off due in 30 s: its submit claims its run and COMPLETES the job
+    request = CreateJobRequest(
+        name="once",
+        schedule=ScheduleSpec(expression=f"at({T0 + timedelta(seconds=30):%Y-%m-%dT%H:%M:%S})"),
+        task=ContainerTask(command=["true"]),
+    )
+    job = jobs.create_job(request, tenant="t1", deps=deps)
+    assert job.state.value == "COMPLETED"
+    (run,) = _runs(deps, job.job_id)
+    # When it is paused before its run is due, the run's wake-up starts nothing: it is held
+    assert jobs.pause_job(job.job_id, tenant="t1", deps=deps).state.value == "PAUSED"
+    assert _start_at_due(deps, clock, run) == "not started"
+    assert _state(deps, run) == ("PENDING", None, "paused")
+    # When it is resumed, the catch-up policy (latest) runs it, and the job is COMPLETED again
+    drain(deps.settings.queue_url("small"))
+    assert jobs.resume_job(job.job_id, tenant="t1", deps=deps).state.value == "COMPLETED"
+    assert _state(deps, run) == ("PENDING", None, None)
+    assert [_parsed(m)["due_at"] for m in drain(deps.settings.queue_url("small"))] == [run.due_at]
+    assert runs.start(message_for(run), deps, owner="w1").state is RunState.RUNNING
+
+
 def test_a_pause_longer_than_the_look_ahead_counts_the_unclaimed_slots_and_latest_runs_the_newest(
     deps: Deps, clock
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from types import ModuleType
 
 import pytest
@@ -59,6 +60,62 @@ def test_a_completed_one_off_job_frees_its_quota(api: ModuleType, small_quotas, 
     for _ in range(6):  # run-now jobs complete at submit (their one run is claimed): never over 5 active
         clock.advance(20)
         assert call(api, "POST", "/jobs", {**JOB, "schedule": None}, tenant="alice")[0] == 201
+
+
+def _at(when) -> dict:  # type: ignore[no-untyped-def]
+    return {**JOB, "schedule": {"expression": f"at({when:%Y-%m-%dT%H:%M:%S})"}}
+
+
+def _quota_left(api: ModuleType, clock, tenant: str) -> bool:
+    """Whether one more scheduled job fits ``tenant``'s active-jobs quota (the probe is deleted again)."""
+    clock.advance(20)  # stay under the submit rate
+    status, job, _ = call(api, "POST", "/jobs", JOB, tenant=tenant)
+    if status == 201:
+        assert call(api, "DELETE", f"/jobs/{job['job_id']}", tenant=tenant)[0] == 200
+    return status == 201
+
+
+def test_pausing_and_resuming_a_completed_job_with_a_claimed_run_leaves_the_quota_as_it_was(
+    api: ModuleType, small_quotas, clock
+) -> None:
+    # Given four active jobs (quota 5) and a one-off due in 30 s, COMPLETED at its submit (its run claimed)
+    for _ in range(4):
+        clock.advance(20)
+        assert call(api, "POST", "/jobs", JOB, tenant="alice")[0] == 201
+    clock.advance(20)
+    status, at_job, _ = call(api, "POST", "/jobs", _at(clock.now() + timedelta(seconds=30)), tenant="alice")
+    assert status == 201 and at_job["state"] == "COMPLETED"
+    # When it is paused: its claimed run is held, and the PAUSED job counts against the quota
+    status, paused, _ = call(api, "POST", f"/jobs/{at_job['job_id']}/pause", tenant="alice")
+    assert status == 200 and paused["state"] == "PAUSED"
+    assert not _quota_left(api, clock, "alice")
+    # When it is resumed: it is COMPLETED again and the quota is as before the pause
+    status, resumed, _ = call(api, "POST", f"/jobs/{at_job['job_id']}/resume", tenant="alice")
+    assert status == 200 and resumed["state"] == "COMPLETED"
+    assert _quota_left(api, clock, "alice")
+
+
+def test_a_completed_job_patched_to_a_schedule_with_fires_ahead_counts_again(
+    api: ModuleType, small_quotas, clock
+) -> None:
+    for _ in range(4):
+        clock.advance(20)
+        assert call(api, "POST", "/jobs", JOB, tenant="alice")[0] == 201
+    clock.advance(20)
+    status, done, _ = call(api, "POST", "/jobs", {**JOB, "schedule": None}, tenant="alice")
+    assert status == 201 and done["state"] == "COMPLETED"
+    assert _quota_left(api, clock, "alice")
+    # the run-now job given a schedule is ACTIVE and takes the last place
+    status, active, _ = call(
+        api, "PATCH", f"/jobs/{done['job_id']}", {"schedule": {"expression": "rate(1 hour)"}}, tenant="alice"
+    )
+    assert status == 200 and active["state"] == "ACTIVE"
+    assert not _quota_left(api, clock, "alice")
+    # and an ACTIVE job whose new schedule has nothing ahead COMPLETED frees it
+    past = _at(clock.now() - timedelta(days=1))["schedule"]
+    status, ended, _ = call(api, "PATCH", f"/jobs/{done['job_id']}", {"schedule": past}, tenant="alice")
+    assert status == 200 and ended["state"] == "COMPLETED"
+    assert _quota_left(api, clock, "alice")
 
 
 def _run_now(deps: Deps, tenant: str):  # type: ignore[no-untyped-def]

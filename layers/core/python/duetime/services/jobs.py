@@ -447,6 +447,7 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
     Raises:
         NotFoundError, ScheduleError, RequestFieldError (a trigger job that is not the caller's),
         ConflictError: the job is DELETED, or changed meanwhile (retry the PATCH).
+        QuotaExceededError: a COMPLETED job's new schedule would make it active past the tenant's quota.
     """
     job = get_job(job_id, tenant=tenant, deps=deps)
     if job.state is JobState.DELETED:
@@ -498,7 +499,21 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
             updated = updated.model_copy(
                 update={"next_fire_at": nxt, "state": JobState.ACTIVE if nxt else JobState.COMPLETED}
             )
-    deps.store.replace_job(updated, expected_version=job.version, expected_next_fire_at=job.next_fire_at)
+    if counts_as_active(updated) and not counts_as_active(job):
+        # a COMPLETED job given a schedule with fire times ahead counts again, within the quota
+        if not deps.store.add_active_jobs(tenant, 1, limit=deps.settings.tenant_max_active_jobs):
+            raise QuotaExceededError(
+                f"tenant {tenant!r} has {deps.settings.tenant_max_active_jobs} active or paused jobs, its "
+                "quota; delete some first"
+            )
+        try:
+            deps.store.replace_job(updated, expected_version=job.version, expected_next_fire_at=job.next_fire_at)
+        except Exception:
+            deps.store.add_active_jobs(tenant, -1)
+            raise
+    else:
+        deps.store.replace_job(updated, expected_version=job.version, expected_next_fire_at=job.next_fire_at)
+        _recount(job, updated, deps)  # an ACTIVE job whose new schedule has no fire time ahead COMPLETED
     if schedule_changed:
         _after_commit(
             "settle", {"job_id": job_id}, lambda: settle_claimed_ahead(updated, job_id, deps, since=now)
@@ -619,17 +634,25 @@ def _claim_due_now(job: Job, deps: Deps) -> Job:
     return job
 
 
-def pause_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
-    """ACTIVE -> PAUSED: the job leaves the due index; its runs claimed ahead are held when they come due
-    (they wait PENDING for the resume, whose catch-up policy decides them); runs already started continue.
+def counts_as_active(job: Job) -> bool:
+    """Whether ``job`` counts against its tenant's active-jobs quota: a scheduled job ACTIVE or PAUSED (a
+    run-now job, COMPLETED at its submit, never does)."""
+    return job.schedule is not None and job.state in (JobState.ACTIVE, JobState.PAUSED)
 
-    Pausing a paused job is a no-op. Raises NotFoundError; ConflictError if the job is not ACTIVE or PAUSED.
+
+def pause_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
+    """ACTIVE or COMPLETED -> PAUSED: the job leaves the due index; its runs claimed ahead are held when they
+    come due (they wait PENDING for the resume, whose catch-up policy decides them); runs already started
+    continue. A COMPLETED job may still have runs claimed ahead (its last slots inside the look-ahead, a
+    one-off due soon): pausing holds them too, and its resume completes it again.
+
+    Pausing a paused job is a no-op. Raises NotFoundError; ConflictError if the job is DELETED.
     """
     job = get_job(job_id, tenant=tenant, deps=deps)
     if job.state is JobState.PAUSED:
         return job
-    if job.state is not JobState.ACTIVE:
-        raise ConflictError(f"job {job_id} is {job.state.value}: only an ACTIVE job can be paused")
+    if job.state not in (JobState.ACTIVE, JobState.COMPLETED):
+        raise ConflictError(f"job {job_id} is {job.state.value}: a deleted job cannot be paused")
     now = truncate_ms(deps.clock.now())
     paused = job.model_copy(
         update={
@@ -642,7 +665,20 @@ def pause_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
         }
     )
     deps.store.replace_job(paused, expected_version=job.version, expected_next_fire_at=job.next_fire_at)
+    _recount(job, paused, deps)
     return paused
+
+
+def _recount(before: Job, after: Job, deps: Deps) -> None:
+    """Move the tenant's active-jobs counter by what the change from ``before`` to ``after`` (both stored)
+    did to :func:`counts_as_active` (no limit: the job is already stored as it is)."""
+    delta = int(counts_as_active(after)) - int(counts_as_active(before))
+    if not delta:
+        return
+    try:
+        deps.store.add_active_jobs(after.tenant, delta)
+    except Exception:  # noqa: BLE001 - the change is stored; the counter stays one off, as in claims
+        logger.warning("active-jobs counter not updated", extra={"job_id": after.job_id}, exc_info=True)
 
 
 def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
@@ -707,8 +743,7 @@ def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
         }
     )
     deps.store.replace_job(resumed, expected_version=job.version, expected_next_fire_at=None)
-    if nxt is None and job.schedule is not None:
-        deps.store.add_active_jobs(job.tenant, -1)  # COMPLETED: no longer counts against the quota
+    _recount(job, resumed, deps)  # COMPLETED: no longer counts against the quota
     release_held(job_id, resumed, deps, known=known)
     # (the held runs it skipped added to missed_slots: the answer shows the job as stored now)
     return _claim_due_now(deps.store.get_job(job_id) or resumed, deps)

@@ -176,3 +176,18 @@ def test_one_poll_of_a_tenants_runs_starts_no_more_than_its_running_quota(deps: 
         RunState.PENDING,
         RunState.PENDING,
     ]
+
+
+def test_a_paused_run_now_job_never_counts_not_even_when_deleted(
+    api: ModuleType, small_quotas, clock
+) -> None:
+    for _ in range(5):
+        clock.advance(20)
+        assert call(api, "POST", "/jobs", JOB, tenant="alice")[0] == 201
+    clock.advance(20)
+    status, once, _ = call(api, "POST", "/jobs", {**JOB, "schedule": None}, tenant="alice")
+    assert status == 201
+    assert call(api, "POST", f"/jobs/{once['job_id']}/pause", tenant="alice")[0] == 200
+    assert call(api, "DELETE", f"/jobs/{once['job_id']}", tenant="alice")[0] == 200
+    # the quota is still full: deleting the paused run-now job freed no place it never took
+    assert not _quota_left(api, clock, "alice")

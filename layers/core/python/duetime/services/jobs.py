@@ -814,8 +814,7 @@ def delete_job(job_id: str, *, tenant: str, deps: Deps, cancel_running: bool = F
             }
         )
         deps.store.replace_job(deleted, expected_version=job.version, expected_next_fire_at=job.next_fire_at)
-        if job.state in (JobState.ACTIVE, JobState.PAUSED):
-            deps.store.add_active_jobs(tenant, -1)
+        _recount(job, deleted, deps)
         job = deleted
     if cancel_running:
         for run in list(all_runs(job_id, deps, active_only=True)):

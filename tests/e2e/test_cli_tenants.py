@@ -154,3 +154,36 @@ def test_one_tenants_burst_does_not_starve_another_tenants_single_run(tenants_st
     # Then it starts within a few seconds, not after alice's ~200 x 0.2 s / 2 workers = 20 s backlog
     assert run["state"] == "SUCCEEDED", run
     assert run["lag_seconds"] < 5, run
+
+
+def test_a_listing_longer_than_its_limit_tells_how_to_get_the_next_page(tenants_stack: Stack) -> None:
+    ids = [
+        _post(
+            tenants_stack,
+            "token-b",
+            {
+                "name": f"paged-{i}",
+                "schedule": {"expression": "rate(1 day)"},
+                "task": {"kind": "container", "command": ["true"]},
+            },
+        )["job_id"]
+        for i in range(3)
+    ]
+    first = cli(tenants_stack, "token-b", "jobs", "list", "--prefix", "paged-", "--limit", "2")
+    assert first.returncode == 0, first.stderr
+    more = [line for line in first.stdout.splitlines() if line.startswith("more: --next-token ")]
+    assert len(more) == 1
+    rest = cli(
+        tenants_stack,
+        "token-b",
+        "jobs",
+        "list",
+        "--prefix",
+        "paged-",
+        "--limit",
+        "2",
+        *more[0].split()[1:],
+        "--json",
+    )
+    page = json.loads(rest.stdout)
+    assert [j["job_id"] for j in page["jobs"]] == ids[:1] and page.get("next_token") is None  # newest first

@@ -10,6 +10,7 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -52,6 +53,15 @@ def _show(data: Any, as_json: bool, table: Table | None = None) -> None:
         typer.echo(json.dumps(data, indent=2))
     else:
         _out.print(table)
+
+
+def _show_page(
+    page: dict[str, Any], as_json: bool, key: str, table: Callable[[list[dict[str, Any]]], Table]
+) -> None:
+    """One page of a listing (``page[key]``) as JSON or as ``table``, then how to ask for the next one."""
+    _show(page, as_json, table(page[key]))
+    if not as_json and page.get("next_token"):
+        typer.echo(f"more: --next-token {page['next_token']}")
 
 
 def _id(header: str) -> Column:
@@ -171,9 +181,7 @@ def jobs_list(
         "/jobs",
         query={"state": state, "name_prefix": prefix, "limit": limit, "next_token": next_token},
     )
-    _show(page, as_json, _job_table(page["jobs"]))
-    if not as_json and page.get("next_token"):
-        typer.echo(f"more: --next-token {page['next_token']}")
+    _show_page(page, as_json, "jobs", _job_table)
 
 
 @jobs_app.command("get")
@@ -234,9 +242,7 @@ def jobs_slots(
         f"/jobs/{job_id}/slots",
         query={"since": since, "until": until, "limit": limit, "next_token": next_token},
     )
-    _show(page, as_json, _slot_table(page["slots"]))
-    if not as_json and page.get("next_token"):
-        typer.echo(f"more: --next-token {page['next_token']}")
+    _show_page(page, as_json, "slots", _slot_table)
 
 
 def _delivery_table(found: list[dict[str, Any]]) -> Table:
@@ -279,9 +285,7 @@ def jobs_deliveries(
         f"/jobs/{job_id}/deliveries",
         query={"limit": limit, "next_token": next_token},
     )
-    _show(page, as_json, _delivery_table(page["events"]))
-    if not as_json and page.get("next_token"):
-        typer.echo(f"more: --next-token {page['next_token']}")
+    _show_page(page, as_json, "events", _delivery_table)
 
 
 @jobs_app.command("update")
@@ -396,9 +400,7 @@ def runs_list(
         f"/jobs/{job_id}/runs",
         query={"state": state, "since": since, "until": until, "limit": limit, "next_token": next_token},
     )
-    _show(page, as_json, _run_table(page["runs"]))
-    if not as_json and page.get("next_token"):
-        typer.echo(f"more: --next-token {page['next_token']}")
+    _show_page(page, as_json, "runs", _run_table)
 
 
 @runs_app.command("get")
@@ -514,6 +516,4 @@ def dead_letters(
 ) -> None:
     """Runs that exhausted their attempts, newest first."""
     page = _call(api, token, sigv4, "GET", "/dead-letters", query={"limit": limit, "next_token": next_token})
-    _show(page, as_json, _run_table(page["runs"]))
-    if not as_json and page.get("next_token"):
-        typer.echo(f"more: --next-token {page['next_token']}")
+    _show_page(page, as_json, "runs", _run_table)

@@ -14,7 +14,7 @@ from tests.infra.test_stack import function_env, logical_id, ref_id, render
 pytest.importorskip("aws_cdk", reason=CDK_MISSING)
 
 from duetime.domain.archive import DATA_PREFIX, encode_batch, run_line  # noqa: E402
-from duetime.domain.models import RunState  # noqa: E402
+from duetime.domain.models import AttemptRecord, RunState  # noqa: E402
 from infra.constructs.archive import COLUMNS, PARTITION_KEYS  # noqa: E402
 from tests.contract.conftest import T0  # noqa: E402
 from tests.contract.factories import make_job, make_run  # noqa: E402
@@ -175,8 +175,17 @@ def test_the_glue_table_projects_tenant_and_day_partitions_over_the_archive(dev:
 def test_the_tables_columns_are_fields_of_a_real_archive_line() -> None:
     """Every column names a field the archiver writes, with a JSON type the column's type reads."""
     run = make_run(make_job("job-1"), T0)
+    attempt = AttemptRecord(
+        attempt=1, fencing_token=1, worker="w1", started_at=T0, finished_at=T0, state=RunState.SUCCEEDED
+    )
     run = run.model_copy(
-        update={"state": RunState.SUCCEEDED, "started_at": T0, "finished_at": T0, "exit_code": 0}
+        update={
+            "state": RunState.SUCCEEDED,
+            "started_at": T0,
+            "finished_at": T0,
+            "exit_code": 0,
+            "attempts": [attempt],
+        }
     )
     line = run_line(run, logs={1: "hello"}, archived_at=run.due_at)
     (obj,) = encode_batch([line], batch="b1")
@@ -188,8 +197,12 @@ def test_the_tables_columns_are_fields_of_a_real_archive_line() -> None:
         value = line[name]
         if value is None:
             continue
-        if kind.startswith("array<"):
-            assert isinstance(value, list), name
+        if kind.startswith("array<struct<"):
+            assert isinstance(value, list) and value, name
+            fields = [
+                f.split(":", 1)[0] for f in kind.removeprefix("array<struct<").removesuffix(">>").split(",")
+            ]
+            assert set(fields) <= set(value[0]), (name, set(fields) - set(value[0]))
         elif kind.startswith("map<"):
             assert isinstance(value, dict), name
         else:

@@ -200,7 +200,8 @@ FINISH = FunctionSpec(
 ARCHIVER = FunctionSpec(
     "archiver",
     "Duetime archiver: runs leaving the hot window (TTL deletions) to the S3 archive",
-    timeout_seconds=120,
+    # a batch of up to 1,000 TTL deletions: a Query each, the small logs read, the objects written
+    timeout_seconds=300,
     memory_mib=512,
     access=(
         allow(Target.RUNS, "dynamodb:Query", "dynamodb:PutItem"),

@@ -54,6 +54,10 @@ def test_the_archiver_reads_only_ttl_deletions_from_the_runs_stream(dev: Synthes
         "userIdentity": {"type": ["Service"], "principalId": ["dynamodb.amazonaws.com"]},
     }
     assert mapping["StartingPosition"] == "TRIM_HORIZON"
+    # large batches (an archive object needs ~240 runs to reach the 128 KB lifecycle transitions need),
+    # gathered for at most Lambda's 300 s
+    assert mapping["BatchSize"] == 1000
+    assert 0 < mapping["MaximumBatchingWindowInSeconds"] <= 300
 
 
 def test_a_failing_archive_batch_is_bisected_retried_within_the_streams_day_then_dead_lettered(

@@ -1,7 +1,9 @@
 """``python -m bench [PART ...] [--quick]``: Duetime's benchmarks. Measurements, never pass/fail.
 
 Parts (default: all, in this order):
-  cost      AWS calls per run on the local stack under a standard workload -> units, requests, USD/M runs
+  cost      AWS calls per run on the local stack under a standard workload -> units, requests, USD/M runs;
+            and the run history's storage per run per month, hot and archived (``--storage-only``: only
+            those, merged into the previous ``cost``)
   lag       top-of-the-minute bursts of N jobs on the local stack, on each backend (--backends: sqlite, the
             default, and moto) -> lag p50/p95/p99/max, runs/s, CPU/run, PSS; each N is followed by the same
             burst on APScheduler 3, the baseline (ratio: the default backend over APScheduler 3)
@@ -73,6 +75,31 @@ def machine() -> dict[str, Any]:
         "os": platform.platform(),
         "commit": commit,
     }
+
+
+def print_storage(cost: dict[str, Any]) -> None:
+    hot, archive = cost.get("storage_hot"), cost.get("storage_archive")
+    if not hot or not archive:
+        return
+    usd = archive["usd_per_million_runs_month"]
+    print(f"\n== Run history storage per run ({hot['runs']} runs of the workload) ==")
+    rows = [
+        ["hot: DynamoDB row (+100 B overhead)", hot["bytes_per_run"], hot["usd_per_million_runs_month"]],
+        ["archived: S3 Standard", archive["bytes_per_run"], usd["standard"]],
+        ["archived: S3 Standard-IA", archive["bytes_per_run"], usd["infrequent_access"]],
+        [
+            "archived: S3 Glacier Instant Retrieval",
+            archive["bytes_per_run"],
+            usd["glacier_instant_retrieval"],
+        ],
+    ]
+    print(table(rows, ["where", "bytes per run", "USD per million runs per month"]))
+    print(
+        f"archive: {archive['data_bytes_per_run']} B data + {archive['index_bytes_per_run']} B index per run "
+        f"(x{archive['compression_ratio']} compression of {archive['uncompressed_bytes_per_run']} B), "
+        f"{archive['puts_per_run']} PUTs per run (${archive['put_usd_per_million_runs']}/M runs); data object "
+        f"{archive['data_object_bytes_mean']:,} B ({'moves' if archive['data_objects_transition'] else 'under 128 KB: never moves'})"
+    )
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -326,6 +353,11 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(BACKENDS),
         help=f"the lag part's backends, e.g. sqlite (default: {','.join(BACKENDS)})",
     )
+    parser.add_argument(
+        "--storage-only",
+        action="store_true",
+        help="cost: measure only the run history's storage (cost.storage_*), keeping the other cost figures",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     parts = [p for p in PARTS if not args.parts or "all" in args.parts or p in args.parts]
@@ -335,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.sizes
         else list(QUICK_SIZES if args.quick else FULL_SIZES)
     )
+    if args.storage_only and parts != ["cost"]:
+        parser.error(
+            "--storage-only measures the cost part's storage figures only: `python -m bench cost --storage-only`"
+        )
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
@@ -350,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         "mode": mode,
         "parts": parts,
         "machine": machine(),
+        # only cost.storage_* were measured by this invocation: the other figures are from earlier ones
+        **({"storage_only": True} if args.storage_only else {}),
     }
     print(
         f"duetime bench ({mode}): {', '.join(parts)} on {results['meta']['machine']['cpu']}, "
@@ -362,8 +400,16 @@ def main(argv: list[str] | None = None) -> int:
 
         print("cost: running the standard workload on a counting local stack...", flush=True)
         raw = cost.run_workload(cost.QUICK if args.quick else cost.FULL)
-        results["cost"] = cost.price_it(raw)
-        print_cost(results["cost"])
+        if args.storage_only:
+            from bench import history
+
+            results["cost"] = {**(results.get("cost") or {}), **history.price_it(raw["history"])}
+            measured = {k: results["meta"][k] for k in ("measured_at", "mode")}
+            results["cost"]["storage_measured"] = {**measured, "commit": results["meta"]["machine"]["commit"]}
+        else:
+            results["cost"] = cost.price_it(raw)
+            print_cost(results["cost"])
+        print_storage(results["cost"])
     _save(results, latest_path)
     if "lag" in parts or "baseline" in parts:
         from bench import baseline, lag

@@ -14,6 +14,9 @@ within the lookahead, as the API does on AWS, the one-offs' and the short repeat
 - jobs that fail their first attempt and succeed on the retry;
 - one long job (60 s; 20 s in quick mode), held by its worker session (beats every 10 s).
 
+When every run has ended, the runs' rows and the archive objects the archiver writes for them are measured
+(:mod:`bench.history`: ``storage_hot``, ``storage_archive``).
+
 From the per-run calls it prices each service at :mod:`bench.prices`. Lambda invocations per run are the API
 invocations (one per submit); the tick's and sweeper's invocations are fixed per minute and reported apart,
 with their DynamoDB reads and the idle workers' empty polls.
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import calls as callsmod
+from bench import history
 from bench import stack as stackmod
 from bench.lag import scan_all
 from bench.prices import LAMBDA_MEMORY_MB, price
@@ -182,6 +186,8 @@ def run_workload(w: Workload, *, timeout: float = 300.0) -> dict[str, Any]:
                 raise RuntimeError(f"the workload did not finish in {timeout:.0f} s")
             t_end = time.time()
             time.sleep(0.5)  # let the last calls land in the files
+            # the runs' rows and their archive objects (uncounted: after the window)
+            stored = history.measure(stack, mine)
         records = callsmod.load(count_dir)
     idle = [r for r in records if t_idle <= r["t"] < t_submit]
     window = [r for r in records if t_submit <= r["t"] <= t_end]
@@ -202,6 +208,7 @@ def run_workload(w: Workload, *, timeout: float = 300.0) -> dict[str, Any]:
         "split": split,
         "workers_total": 3 * w.workers,
         "by_run": per_run_rows(window, runs, names, runs_table=tables["runs"]),
+        "history": stored,
     }
 
 
@@ -371,6 +378,8 @@ def price_it(raw: dict[str, Any]) -> dict[str, Any]:
             "fixed_in_window": split.fixed.as_dict(),
         },
         "count_errors": split.errors[:5],
+        # run history: a run's storage per month, hot and archived (bench/history.py)
+        **(history.price_it(raw["history"]) if raw.get("history") else {}),
     }
 
 

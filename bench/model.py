@@ -50,6 +50,13 @@ AWS_DYNAMODB_WRITE_MS = 6.0
 AWS_SQS_SEND_MS = 10.0
 #: task durations shown for the worker count (seconds of the user's own work per run)
 TASK_SECONDS = (0.0, 1.0, 10.0)
+#: assumption, not measured: the share of runs that end FAILED, TIMED_OUT or dead-lettered (kept hot longer)
+ASSUMED_FAILED_SHARE = 0.01
+#: S3's lifecycle: days in Standard, then in Standard-IA, before Glacier Instant Retrieval (the stage
+#: defaults, infra/config.py LifecycleConfig); objects under 128 KB never move
+LIFECYCLE_STANDARD_DAYS = 30
+LIFECYCLE_IA_DAYS = 60
+MIN_TRANSITION_BYTES = 128 * 1024
 
 
 def project(results: dict[str, Any]) -> dict[str, Any]:
@@ -143,6 +150,7 @@ def project(results: dict[str, Any]) -> dict[str, Any]:
 
     usd_day = cost["usd_per_million_runs"] * RUNS_PER_DAY / 1e6
     return {
+        **history(cost),
         "targets": {
             "runs_per_day": RUNS_PER_DAY,
             "average_runs_per_s": round(avg_runs_per_s),
@@ -182,6 +190,66 @@ def project(results: dict[str, Any]) -> dict[str, Any]:
         "usd_per_month": round(usd_day * 30),
         # DynamoDB throughput in each capacity mode at this load shape (bench/capacity.py)
         "capacity": capacity.price_modes(wru, rru),
+    }
+
+
+def history(cost: dict[str, Any]) -> dict[str, Any]:
+    """``history_*``: the run history at ``RUNS_PER_DAY`` from the measured bytes per run (``cost.storage_*``,
+    bench/history.py) and the default hot window's tiers (``Settings``): the hot table's steady size, a
+    year of archive, and what each costs a month. Empty without the storage figures."""
+    hot, archive = cost.get("storage_hot"), cost.get("storage_archive")
+    if not hot or not archive:
+        return {}
+    from bench.prices import price
+    from duetime.config.settings import Settings
+
+    fields = Settings.model_fields
+    hot_days = float(fields["run_retention_days"].default)
+    failed_days = float(fields["failed_run_retention_days"].default)
+    # steady state: every day adds RUNS_PER_DAY rows and the TTL removes the day's leaving its tier
+    hot_rows = RUNS_PER_DAY * ((1 - ASSUMED_FAILED_SHARE) * hot_days + ASSUMED_FAILED_SHARE * failed_days)
+    hot_bytes = hot_rows * hot["bytes_per_run"]
+    runs_year = RUNS_PER_DAY * 365
+    year_bytes = runs_year * archive["bytes_per_run"]
+    per_day = RUNS_PER_DAY * archive["bytes_per_run"]
+    gb = 1e9
+    standard_all = year_bytes / gb * price("s3_storage_gb_month")
+    ia_days = LIFECYCLE_IA_DAYS
+    glacier_days = 365 - LIFECYCLE_STANDARD_DAYS - ia_days
+    tiered = (
+        per_day
+        / gb
+        * (
+            LIFECYCLE_STANDARD_DAYS * price("s3_storage_gb_month")
+            + ia_days * price("s3_ia_storage_gb_month")
+            + glacier_days * price("s3_glacier_ir_storage_gb_month")
+        )
+    )
+    data_per_run = archive["data_bytes_per_run"]
+    return {
+        "history_hot": {
+            "assumed_failed_share": ASSUMED_FAILED_SHARE,
+            "hot_days": hot_days,
+            "failed_days": failed_days,
+            "rows": round(hot_rows),
+            "tb": round(hot_bytes / 1e12, 2),
+            "usd_per_month": round(hot_bytes / gb * price("dynamodb_storage_gb_month")),
+            "note": "steady state: the same size every year; the keep-last rule adds rows only for jobs that "
+            "run fewer than 20 times in a hot window",
+        },
+        "history_archive_per_year": {
+            "runs": runs_year,
+            "tb": round(year_bytes / 1e12, 2),
+            "usd_per_month_after_a_year_standard": round(standard_all),
+            "usd_per_month_after_a_year_tiered": round(tiered),
+            "put_usd_per_year": round(runs_year / 1e6 * archive["put_usd_per_million_runs"]),
+            "runs_per_data_object_to_transition": math.ceil(MIN_TRANSITION_BYTES / data_per_run)
+            if data_per_run
+            else None,
+            "note": "a year of runs at the measured archived bytes per run; tiered: 30 days in Standard, 60 in "
+            "IA, the rest in Glacier IR, which needs data objects of 128 KB or more (lifecycle transitions "
+            "skip smaller ones); index objects are small and stay in Standard",
+        },
     }
 
 
@@ -229,6 +297,15 @@ def render(p: dict[str, Any]) -> str:
         f"EventBridge Scheduler {lam['eventbridge_scheduler_invocations_per_s']}/s",
         f"  Cost: ~${p['usd_per_day']:,}/day, ~${p['usd_per_month']:,}/month (AWS services, excluding Fargate workers)",
     ]
+    hot, year = p.get("history_hot"), p.get("history_archive_per_year")
+    if hot and year:
+        lines.append(
+            f"  Run history: hot {hot['rows']:,} rows = {hot['tb']} TB (${hot['usd_per_month']:,}/month, steady); "
+            f"a year of archive {year['tb']} TB (${year['usd_per_month_after_a_year_standard']:,}/month in "
+            f"Standard, ${year['usd_per_month_after_a_year_tiered']:,} tiered, which needs "
+            f"{year['runs_per_data_object_to_transition']:,}+ runs per data object); archive PUTs "
+            f"${year['put_usd_per_year']:,}/year"
+        )
     cap = p.get("capacity")
     if cap:
         load = cap["load"]

@@ -66,6 +66,16 @@ PRICES: dict[str, tuple[float, str, str]] = {
         "S3 Standard storage, per GB-month (first 50 TB)",
         "https://aws.amazon.com/s3/pricing/",
     ),
+    "s3_ia_storage_gb_month": (
+        0.0125,
+        "S3 Standard-Infrequent Access storage, per GB-month (each object billed as at least 128 KB)",
+        "https://aws.amazon.com/s3/pricing/",
+    ),
+    "s3_glacier_ir_storage_gb_month": (
+        0.004,
+        "S3 Glacier Instant Retrieval storage, per GB-month (at least 128 KB and 90 days per object)",
+        "https://aws.amazon.com/s3/pricing/",
+    ),
     "s3express_put": (
         0.00113 / 1e3,
         "S3 Express One Zone PUT request (directory bucket; the S3 FAQ's worked example)",

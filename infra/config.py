@@ -139,6 +139,36 @@ class WarmThroughputConfig(Frozen):
     write_units_per_second: int | None = Field(default=None, ge=4_000)
 
 
+class LifecycleConfig(Frozen):
+    """An S3 lifecycle: objects move Standard -> Standard-IA -> Glacier Instant Retrieval (both read at once
+    by a GET, so the API serves them as before) and optionally expire; days after each object's creation.
+
+    S3's rules (Amazon S3 User Guide, "Transitioning objects using Amazon S3 Lifecycle"): an object goes to
+    Standard-IA no sooner than 30 days after creation and stays there at least 30 days before a later
+    transition; lifecycle transitions skip objects under 128 KB (hence small logs ride in the archive objects).
+    Glacier Instant Retrieval bills at least 90 days per object, so an expiry soon after it costs that anyway.
+    """
+
+    infrequent_access_days: int = Field(default=30, ge=30)
+    glacier_instant_retrieval_days: int = Field(default=90, ge=60)
+    #: None: kept until deleted
+    expiration_days: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LifecycleConfig:
+        if self.glacier_instant_retrieval_days < self.infrequent_access_days + 30:
+            raise ValueError(
+                "glacier_instant_retrieval_days must be at least 30 days after infrequent_access_days"
+            )
+        if self.expiration_days is not None and self.expiration_days <= self.glacier_instant_retrieval_days:
+            raise ValueError("expiration_days must come after glacier_instant_retrieval_days")
+        return self
+
+
+def _default_log_lifecycle() -> LifecycleConfig:
+    return LifecycleConfig(expiration_days=365)
+
+
 class StageConfig(Frozen):
     """The settings of one deployment (one CloudFormation stack)."""
 
@@ -148,8 +178,21 @@ class StageConfig(Frozen):
     region: str | None = None
     #: shards of the jobs table: one EventBridge Scheduler schedule (and tick) per shard.
     shard_count: int = Field(default=4, ge=1, le=1024)
-    #: run rows live this long (DynamoDB TTL) and so do their logs in S3.
-    retention_days: int = Field(default=90, ge=1, le=3650)
+    #: the hot window (``DUETIME_RUN_RETENTION_DAYS``): days a finished run stays in the runs table before
+    #: DynamoDB's TTL sends it to the archive (``duetime.domain.retention``); fractional
+    retention_days: float = Field(default=14.0, gt=0, le=3650)
+    #: days a FAILED, TIMED_OUT or dead-lettered run stays hot (``DUETIME_FAILED_RUN_RETENTION_DAYS``)
+    failed_run_retention_days: float = Field(default=90.0, gt=0, le=3650)
+    #: the last N runs of every job stay hot whatever their age (``DUETIME_KEEP_LAST_RUNS``)
+    keep_last_runs: int = Field(default=20, ge=0, le=1000)
+    #: the run archive's bucket (``archive/runs/``): kept until deleted by default
+    archive_lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
+    #: the run logs' bucket: must outlive the longest hot tier (a hot run's log is read from there, and so
+    #: is an archived run's log over 128 KB, until this expiry); a directory bucket (``log_storage``
+    #: ``express``) has no transitions and only expires
+    log_lifecycle: LifecycleConfig = Field(default_factory=_default_log_lifecycle)
+    #: days Athena's query results are kept (the workgroup's result location in the archive bucket)
+    athena_results_days: int = Field(default=30, ge=1)
     #: CloudWatch Logs retention of functions, workers, API access logs and VPC flow logs.
     log_retention_days: int = Field(default=30)
     #: keep tables (RETAIN + deletion protection) when the stack is deleted.
@@ -203,6 +246,12 @@ class StageConfig(Frozen):
             )
         if self.authorizer == "jwt" and (not self.jwt_issuer or not self.jwt_audience):
             raise ValueError("authorizer 'jwt' needs jwt_issuer and jwt_audience")
+        expiry = self.log_lifecycle.expiration_days
+        if expiry is not None and expiry < max(self.retention_days, self.failed_run_retention_days):
+            raise ValueError(
+                "log_lifecycle.expiration_days must be at least the longest hot window "
+                "(retention_days, failed_run_retention_days): a hot run's log would be gone"
+            )
         # the same bounds the handlers enforce at run time: fail at synth, not at the first invocation
         Settings.model_validate(
             {
@@ -212,6 +261,8 @@ class StageConfig(Frozen):
                 "queue_urls": {"small": "-"},
                 "shard_count": self.shard_count,
                 "run_retention_days": self.retention_days,
+                "failed_run_retention_days": self.failed_run_retention_days,
+                "keep_last_runs": self.keep_last_runs,
             }
         )
         return self

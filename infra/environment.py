@@ -14,6 +14,7 @@ from constructs import Construct
 
 from duetime.config.settings import Settings, settings_to_env
 from infra.config import TICK_PERIOD_SECONDS, StageConfig
+from infra.constructs.archive import Archive
 from infra.constructs.queues import TierQueues
 from infra.constructs.storage import Storage
 
@@ -26,6 +27,7 @@ def runtime_environment(
     config: StageConfig,
     storage: Storage,
     queues: TierQueues,
+    archive: Archive | None = None,
     timeout_state_machine_arn: str | None = None,
 ) -> dict[str, str]:
     """Every ``DUETIME_*`` variable (``settings.ENV_VARS``) for this stack and stage."""
@@ -37,7 +39,12 @@ def runtime_environment(
         "shard_count": config.shard_count,
         "tick_period_seconds": TICK_PERIOD_SECONDS,
         "run_retention_days": config.retention_days,
+        "failed_run_retention_days": config.failed_run_retention_days,
+        "keep_last_runs": config.keep_last_runs,
     }
+    if archive is not None:  # run history past the hot window (issue 19)
+        values["archive_bucket"] = archive.bucket.bucket_name
+        values["archiver_dlq_url"] = archive.dead_letter_queue.queue_url
     if "idempotency_table" in Settings.model_fields:  # Powertools idempotency of Idempotency-Key requests
         values["idempotency_table"] = storage.idempotency.table_name
     if (

@@ -8,6 +8,7 @@ from constructs import Construct
 from infra.config import StageConfig
 from infra.constructs.access import Catalogue
 from infra.constructs.api import Api
+from infra.constructs.archive import Archive
 from infra.constructs.executors import Executors
 from infra.constructs.functions import FUNCTIONS, Functions, FunctionSpec
 from infra.constructs.monitoring import Monitoring
@@ -42,13 +43,15 @@ class DuetimeStack(Stack):
 
         self.storage = Storage(self, "Storage", config=config)
         self.queues = TierQueues(self, "Queues")
-        catalogue = Catalogue(self.storage, self.queues)
+        self.archive = Archive(self, "Archive", config=config, storage=self.storage)
+        catalogue = Catalogue(self.storage, self.queues, self.archive)
         self.timeouts = TimeoutHandler(self, "TimeoutHandler", config=config, catalogue=catalogue)
         environment = runtime_environment(
             self,
             config=config,
             storage=self.storage,
             queues=self.queues,
+            archive=self.archive,
             timeout_state_machine_arn=self.timeouts.state_machine.state_machine_arn,
         )
 
@@ -67,10 +70,18 @@ class DuetimeStack(Stack):
         self.executors = Executors(
             self, "Executors", config=config, catalogue=catalogue, queues=self.queues, environment=environment
         )
+        if "archiver" in fn:
+            self.archive.read_stream(fn["archiver"], self.storage.runs)
         self.timeouts.allow_stop_tasks(self.executors.cluster)
         self.timeouts.state_machine.grant_start_execution(fn["sweeper"])
         self.monitoring = Monitoring(
-            self, "Monitoring", config=config, queues=self.queues, api=self.api, functions=fn
+            self,
+            "Monitoring",
+            config=config,
+            queues=self.queues,
+            api=self.api,
+            functions=fn,
+            archiver_dlq=self.archive.dead_letter_queue,
         )
 
         CfnOutput(self, "ApiUrl", value=self.api.url, description="HTTP API endpoint (SigV4 or JWT)")
@@ -79,6 +90,13 @@ class DuetimeStack(Stack):
         CfnOutput(self, "JobsTableName", value=self.storage.jobs.table_name)
         CfnOutput(self, "RunsTableName", value=self.storage.runs.table_name)
         CfnOutput(self, "LogsBucketName", value=self.storage.logs_bucket_name)
+        CfnOutput(self, "ArchiveBucketName", value=self.archive.bucket.bucket_name)
+        CfnOutput(
+            self,
+            "HistoryWorkgroup",
+            value=self.archive.workgroup.ref,
+            description="Athena workgroup for the run-history table (README, Run history)",
+        )
         CfnOutput(
             self,
             "TimeoutStateMachineArn",

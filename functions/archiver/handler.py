@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
@@ -35,7 +34,7 @@ from duetime.services.archiver import archive_removed
 processor = BatchProcessor(event_type=EventType.DynamoDBStreams)
 decode_run = stream_run_decoder()
 #: the dead-letter queue of batches that could not be archived (their records whole, in chunks)
-DLQ_ENV = "DUETIME_ARCHIVER_DLQ_URL"
+DLQ_ENV = "DUETIME_ARCHIVER_DLQ_URL"  # Settings.archiver_dlq_url
 _SQS_CHUNK = 200_000
 
 
@@ -60,7 +59,7 @@ def dead_letter(records: list[dict[str, Any]], batch: str) -> None:
         return
     except Exception:  # noqa: BLE001 - the bucket may be what fails: the queue next
         logger.exception("archive dead letters not written to the bucket", extra={"batch": batch})
-    url = os.environ.get(DLQ_ENV)
+    url = deps.settings.archiver_dlq_url
     if not url:
         raise RuntimeError(f"{DLQ_ENV} is not set: records of batch {batch} kept only in the stream")
     import boto3

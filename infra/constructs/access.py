@@ -19,6 +19,7 @@ from aws_cdk import aws_iam as iam
 from duetime.adapters.aws.resources import jobs_table_definition, runs_table_definition
 from duetime.config.settings import ALL_TIERS
 from duetime.domain.logs import log_key
+from infra.constructs.archive import ARCHIVE_PREFIX, Archive
 from infra.constructs.queues import TierQueues
 from infra.constructs.storage import Storage
 from infra.nag import acknowledge, arn_finding
@@ -39,6 +40,12 @@ class Target(StrEnum):
     LOGS_BUCKET = "logs bucket"
     #: Lambda functions of this account and region tagged ``TARGET_TAG_KEY=TARGET_TAG_VALUE`` (Lambda tasks)
     TAGGED_FUNCTIONS = "functions tagged for Duetime"
+    #: objects under ARCHIVE_PREFIX in the archive bucket (run history, issue 19)
+    ARCHIVE_OBJECTS = "run archive objects"
+    #: the archive bucket itself (ListBucket: a job's archived days and index entries are listed)
+    ARCHIVE_BUCKET = "archive bucket"
+    #: the archiver's dead-letter queue
+    ARCHIVER_DLQ = "archiver dead-letter queue"
 
 
 #: The tag a function must carry for the dispatcher to invoke it as a Lambda task's target.
@@ -79,9 +86,15 @@ def allow(target: Target, *actions: str, tier: str | None = None, index: str | N
 class Catalogue:
     """Resolves :class:`Target` to the ARNs of one stack's resources."""
 
-    def __init__(self, storage: Storage, queues: TierQueues) -> None:
+    def __init__(self, storage: Storage, queues: TierQueues, archive: Archive | None = None) -> None:
         self.storage = storage
         self.queues = queues
+        self.archive = archive
+
+    def _archive(self) -> Archive:
+        if self.archive is None:
+            raise ValueError("this stack has no run archive")
+        return self.archive
 
     def arns(self, access: Access) -> list[str]:
         s = self.storage
@@ -98,6 +111,12 @@ class Catalogue:
                 return [f"{s.logs_bucket_arn}/{LOG_KEY_PREFIX}*"]
             case Target.LOGS_BUCKET:
                 return [s.logs_bucket_arn]
+            case Target.ARCHIVE_OBJECTS:
+                return [f"{self._archive().bucket.bucket_arn}/{ARCHIVE_PREFIX}*"]
+            case Target.ARCHIVE_BUCKET:
+                return [self._archive().bucket.bucket_arn]
+            case Target.ARCHIVER_DLQ:
+                return [self._archive().dead_letter_queue.queue_arn]
             case Target.TAGGED_FUNCTIONS:
                 return [
                     Stack.of(s).format_arn(
@@ -151,6 +170,13 @@ class Catalogue:
                 arn_finding(self.storage.logs_bucket, f"/{LOG_KEY_PREFIX}*"),
                 f"S3 names objects by key: the grant covers exactly the run logs under {LOG_KEY_PREFIX} in "
                 "Duetime's own logs bucket",
+            )
+        if any(a.target is Target.ARCHIVE_OBJECTS for a in accesses):
+            acknowledge(
+                role,
+                arn_finding(self._archive().bucket, f"/{ARCHIVE_PREFIX}*"),
+                f"S3 names objects by key: the grant covers exactly the run archive under {ARCHIVE_PREFIX} in "
+                "Duetime's own archive bucket",
             )
         if any(a.target is Target.TAGGED_FUNCTIONS for a in accesses):
             acknowledge(

@@ -81,8 +81,9 @@ IDEMPOTENCY_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateI
 #: jobs (GetItem; Query by tenant, then BatchGetItem the page), replace a job on PATCH/pause/resume/delete (conditional PutItem), trigger
 #: (put run, send), list runs (Query), read a run (GetItem), cancel or redrive a run (UpdateItem, then wake the
 #: job's next waiting run: Query the active index, GetItem, send), list dead letters (Query), read logs
-#: (GetObject; ListBucket so a missing object reads as NoSuchKey, not AccessDenied), and replay
-#: ``Idempotency-Key`` requests (Powertools).
+#: (GetObject; ListBucket so a missing object reads as NoSuchKey, not AccessDenied), read run history that
+#: left the hot window (``services.history``: list a job's archived days and index entries, ListBucket; read
+#: them and ranged GETs of the data objects, GetObject), and replay ``Idempotency-Key`` requests (Powertools).
 API = FunctionSpec(
     "api",
     "Duetime HTTP API: submit and read jobs, runs and logs",
@@ -104,6 +105,8 @@ API = FunctionSpec(
         allow(Target.QUEUES, *_SEND),
         allow(Target.LOG_OBJECTS, "s3:GetObject"),
         allow(Target.LOGS_BUCKET, "s3:ListBucket"),
+        allow(Target.ARCHIVE_OBJECTS, "s3:GetObject"),
+        allow(Target.ARCHIVE_BUCKET, "s3:ListBucket"),
     ),
 )
 #: The tick runs ``duetime.services.claims.tick``: take the shard lease (UpdateItem on its item in the jobs table),
@@ -188,7 +191,29 @@ FINISH = FunctionSpec(
     destination=True,
 )
 
-FUNCTIONS: tuple[FunctionSpec, ...] = (API, TICK, SWEEPER, DISPATCHER, FINISH)
+#: The archiver runs ``functions/archiver`` on the runs table's TTL deletions (its stream source is wired by
+#: ``infra.constructs.archive``, which also grants the stream reads and the on-failure queue): per run, count
+#: its job's newer runs (Query) and put a run among the last N back with its TTL re-armed (PutItem); read
+#: the small final logs to inline (GetObject; a worker's unfinished chunks are listed: ListBucket); write
+#: the batch's data objects, index entries and, for a failing batch, its records whole (PutObject under
+#: ``archive/``); when the bucket fails too, send the records to its dead-letter queue (SendMessage).
+ARCHIVER = FunctionSpec(
+    "archiver",
+    "Duetime archiver: runs leaving the hot window (TTL deletions) to the S3 archive",
+    # a batch of up to 1,000 TTL deletions: a Query each, the small logs read, the objects written
+    timeout_seconds=300,
+    memory_mib=512,
+    access=(
+        allow(Target.RUNS, "dynamodb:Query", "dynamodb:PutItem"),
+        allow(Target.LOG_OBJECTS, "s3:GetObject"),
+        allow(Target.LOGS_BUCKET, "s3:ListBucket"),
+        allow(Target.ARCHIVE_OBJECTS, "s3:PutObject"),
+        allow(Target.ARCHIVER_DLQ, "sqs:SendMessage"),
+    ),
+    async_retries=0,
+)
+
+FUNCTIONS: tuple[FunctionSpec, ...] = (API, TICK, SWEEPER, DISPATCHER, FINISH, ARCHIVER)
 
 
 class Functions(Construct):

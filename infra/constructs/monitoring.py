@@ -16,6 +16,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from duetime.config.observability import metrics as code_metrics
@@ -63,6 +64,7 @@ class Monitoring(Construct):
         queues: TierQueues,
         api: Api,
         functions: dict[str, lambda_.Function],
+        archiver_dlq: sqs.IQueue | None = None,
     ) -> None:
         super().__init__(scope, id)
         key = kms.Key(
@@ -154,15 +156,25 @@ class Monitoring(Construct):
                 f"messages in the {tier} dead-letter queue: SQS gave up delivering them "
                 f"(the sweeper re-sends the runs; inspect and purge)",
             )
+        if archiver_dlq is not None:
+            alarm(
+                "ArchiverDeadLetterQueueDepth",
+                archiver_dlq.metric_approximate_number_of_messages_visible(
+                    period=ONE_MINUTE, statistic="Maximum"
+                ),
+                thresholds.dlq_depth,
+                "messages in the archiver's dead-letter queue: a batch of the runs table's TTL deletions was "
+                "not archived (its records are in archive/failed/ or in the messages; replay them)",
+            )
         api_5xx = api_metric(api, "5xx", FIVE_MINUTES)
         alarm("Api5xx", api_5xx, thresholds.api_5xx_per_5_minutes, "the HTTP API answers 5xx")
-        for fname in ("tick", "sweeper"):
+        for fname in ("tick", "sweeper", "archiver"):
             if fname in functions:
                 alarm(
                     f"{fname.capitalize()}Errors",
                     functions[fname].metric_errors(period=FIVE_MINUTES, statistic="Sum"),
                     thresholds.function_errors_per_5_minutes,
-                    f"the {fname} function fails: claims or repairs are not happening",
+                    f"the {fname} function fails: claims, repairs or archiving are not happening",
                 )
 
         self.dashboard = self._dashboard(config, queues, api, api_5xx, lag_p99, dead_letters, functions)

@@ -15,7 +15,7 @@ from aws_cdk import aws_s3express as s3express
 from constructs import Construct
 
 from duetime.adapters.aws.resources import RUNS_TTL_ATTRIBUTE, jobs_table_definition, runs_table_definition
-from infra.config import StageConfig
+from infra.config import LifecycleConfig, StageConfig
 from infra.nag import acknowledge
 
 #: Powertools idempotency's DynamoDB persistence layer defaults (``DynamoDBPersistenceLayer``).
@@ -50,6 +50,7 @@ def table_from_definition(
     config: StageConfig,
     time_to_live_attribute: str | None = None,
     name: str | None = None,
+    stream: ddb.StreamViewType | None = None,
 ) -> ddb.Table:
     """A DynamoDB table (on-demand, PITR, encrypted) with the keys and GSIs of a ``create_table`` definition.
 
@@ -70,6 +71,7 @@ def table_from_definition(
             point_in_time_recovery_enabled=True
         ),
         time_to_live_attribute=time_to_live_attribute,
+        stream=stream,
         warm_throughput=_warm(config, name),
         deletion_protection=config.retain_data,
         removal_policy=RemovalPolicy.RETAIN if config.retain_data else RemovalPolicy.DESTROY,
@@ -88,6 +90,26 @@ def table_from_definition(
     return table
 
 
+def lifecycle_rule(id: str, lifecycle: LifecycleConfig, *, prefix: str | None = None) -> s3.LifecycleRule:
+    """``lifecycle`` as an S3 lifecycle rule (over ``prefix``, else the whole bucket)."""
+    return s3.LifecycleRule(
+        id=id,
+        prefix=prefix,
+        transitions=[
+            s3.Transition(
+                storage_class=s3.StorageClass.INFREQUENT_ACCESS,
+                transition_after=Duration.days(lifecycle.infrequent_access_days),
+            ),
+            s3.Transition(
+                storage_class=s3.StorageClass.GLACIER_INSTANT_RETRIEVAL,
+                transition_after=Duration.days(lifecycle.glacier_instant_retrieval_days),
+            ),
+        ],
+        expiration=Duration.days(lifecycle.expiration_days) if lifecycle.expiration_days else None,
+        abort_incomplete_multipart_upload_after=Duration.days(1),
+    )
+
+
 def _warm(config: StageConfig, key: str | None) -> ddb.WarmThroughput | None:
     """The stage's warm throughput for table or index ``key`` (None: DynamoDB's default)."""
     warm = config.warm_throughput.get(key) if key else None
@@ -104,15 +126,17 @@ class Storage(Construct):
     Attributes:
         jobs: pk ``job_id``; GSIs ``due`` (shard, next_fire_at) and ``by_tenant`` (tenant, created_at).
         runs: pk ``job_id``, sk ``due_at``; GSI ``watchdog`` (watch_shard, watch_at) and whatever else
-            ``runs_table_definition`` declares; TTL ``expires_at``.
+            ``runs_table_definition`` declares; TTL ``expires_at`` (the hot window's tiers); a stream of new
+            and old images. DynamoDB Streams serves two readers per shard without throttling: the archiver
+            (TTL deletions, :mod:`infra.constructs.archive`) and the notifier (issue 17).
         idempotency: Powertools idempotency records for ``POST /jobs`` (pk ``id``, TTL ``expiration``).
-        logs_bucket: run logs, ``logs/<job>/<run>/attempt-<n>.log``, expired after the run retention (the
-            stage's ``log_storage`` ``standard``; None for ``express``).
+        logs_bucket: run logs, ``logs/<job>/<run>/attempt-<n>.log``, moved Standard -> IA -> Glacier IR and
+            expired by the stage's ``log_lifecycle`` (``log_storage`` ``standard``; None for ``express``).
         logs_directory_bucket: the same as an S3 Express One Zone directory bucket in the stage's
             ``log_zone`` (``log_storage`` ``express``; else None). Directory buckets have no server access
-            logs, versioning or transitions; their lifecycle expires the logs with the runs.
+            logs, versioning or transitions; their lifecycle only expires the logs (``log_lifecycle.expiration_days``).
         logs_bucket_name, logs_bucket_arn: whichever of the two holds the logs.
-        access_logs_bucket: S3 server access logs of the logs bucket (``standard`` only).
+        access_logs_bucket: S3 server access logs of the logs bucket (``standard``) and the archive bucket.
     """
 
     def __init__(self, scope: Construct, id: str, *, config: StageConfig) -> None:
@@ -127,6 +151,7 @@ class Storage(Construct):
             config=config,
             time_to_live_attribute=RUNS_TTL_ATTRIBUTE,
             name="runs",
+            stream=ddb.StreamViewType.NEW_AND_OLD_IMAGES,
         )
         self.idempotency = table_from_definition(
             self,
@@ -141,6 +166,27 @@ class Storage(Construct):
             name="idempotency",
         )
 
+        # server access logs are kept as long as the run logs
+        access_expiry = config.log_lifecycle.expiration_days
+        self.access_logs_bucket = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,  # server access logging requires SSE-S3
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            enforce_ssl=True,
+            minimum_tls_version=1.2,
+            lifecycle_rules=[s3.LifecycleRule(id="expire", expiration=Duration.days(access_expiry))]
+            if access_expiry
+            else None,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        acknowledge(
+            self.access_logs_bucket,
+            "AwsSolutions-S1",
+            "this bucket is the server-access-log target of the logs and archive buckets; logging it too "
+            "would loop",
+        )
         self.logs_bucket: s3.Bucket | None = None
         self.logs_directory_bucket: s3express.CfnDirectoryBucket | None = None
         if config.log_storage == "express":
@@ -162,9 +208,9 @@ class Storage(Construct):
                 lifecycle_configuration=s3express.CfnDirectoryBucket.LifecycleConfigurationProperty(
                     rules=[
                         s3express.CfnDirectoryBucket.RuleProperty(
-                            id="expire-with-runs",
+                            id="expire",
                             status="Enabled",
-                            expiration_in_days=config.retention_days,
+                            expiration_in_days=config.log_lifecycle.expiration_days,
                             abort_incomplete_multipart_upload=s3express.CfnDirectoryBucket.AbortIncompleteMultipartUploadProperty(
                                 days_after_initiation=1
                             ),
@@ -177,22 +223,6 @@ class Storage(Construct):
             self.logs_bucket_arn: str = self.logs_directory_bucket.attr_arn
             return
 
-        self.access_logs_bucket = s3.Bucket(
-            self,
-            "AccessLogs",
-            encryption=s3.BucketEncryption.S3_MANAGED,  # server access logging requires SSE-S3
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            enforce_ssl=True,
-            minimum_tls_version=1.2,
-            lifecycle_rules=[s3.LifecycleRule(id="expire", expiration=Duration.days(config.retention_days))],
-            removal_policy=RemovalPolicy.RETAIN,
-        )
-        acknowledge(
-            self.access_logs_bucket,
-            "AwsSolutions-S1",
-            "this bucket is the server-access-log target of the logs bucket; logging it too would loop",
-        )
         self.logs_bucket = s3.Bucket(
             self,
             "Logs",
@@ -203,13 +233,7 @@ class Storage(Construct):
             minimum_tls_version=1.2,
             server_access_logs_bucket=self.access_logs_bucket,
             server_access_logs_prefix="logs-bucket/",
-            lifecycle_rules=[
-                s3.LifecycleRule(
-                    id="expire-with-runs",
-                    expiration=Duration.days(config.retention_days),
-                    abort_incomplete_multipart_upload_after=Duration.days(1),
-                )
-            ],
+            lifecycle_rules=[lifecycle_rule("tier-and-expire", config.log_lifecycle)],
             removal_policy=RemovalPolicy.RETAIN,
         )
         self.logs_bucket_name = self.logs_bucket.bucket_name

@@ -213,3 +213,60 @@ def test_the_total_with_storage_prices_the_logs_in_s3_standard_and_in_s3_express
         7.0 + (express_s3 - s3_standard + row + 4000 / 1e9 * 0.11) * 1e6, 2
     )
     assert express["usd_per_million_runs_with_storage"] < out["usd_per_million_runs_with_storage"]
+
+
+def test_history_storage_prices_the_hot_row_and_the_archived_bytes_in_each_class() -> None:
+    from bench import history
+
+    # Given 4 runs of 900-byte rows, archived as one 1,200-byte data object and 2 index objects of 100 bytes
+    raw = {
+        "runs": 4,
+        "row_bytes": [900, 900, 900, 900],
+        "data_objects": [1200],
+        "index_objects": [100, 100],
+        "data_bytes_uncompressed": 12_000,
+        "inline_log_bytes": 4000,
+    }
+    out = history.price_it(raw)
+    hot, archive = out["storage_hot"], out["storage_archive"]
+    # Then a hot run costs its row + 100 B at $0.25/GB-month
+    assert hot["bytes_per_run"] == 1000
+    assert hot["usd_per_million_runs_month"] == round(1000 / 1e9 * 0.25 * 1e6, 4)
+    # And an archived run its share of every object, at Standard, IA and Glacier IR prices
+    assert archive["bytes_per_run"] == 350
+    assert archive["usd_per_million_runs_month"] == {
+        "standard": round(350 / 1e9 * 0.023 * 1e6, 4),
+        "infrequent_access": round(350 / 1e9 * 0.0125 * 1e6, 4),
+        "glacier_instant_retrieval": round(350 / 1e9 * 0.004 * 1e6, 4),
+    }
+    assert archive["compression_ratio"] == 10.0
+    assert archive["puts_per_run"] == 0.75
+    # a 1,200-byte object is under 128 KB: lifecycle transitions skip it
+    assert archive["data_objects_transition"] is False
+
+
+def test_the_model_projects_the_hot_table_and_a_year_of_archive() -> None:
+    from bench import history
+
+    raw = {
+        "runs": 1,
+        "row_bytes": [900],
+        "data_objects": [300],
+        "index_objects": [100],
+        "data_bytes_uncompressed": 3000,
+        "inline_log_bytes": 0,
+    }
+    cost = history.price_it(raw)
+    out = model.history(cost)
+    # 100M runs a day, 99 % kept 14 days and 1 % 90 days: 1.476 billion rows of 1,000 bytes
+    assert out["history_hot"]["rows"] == 1_476_000_000
+    assert out["history_hot"]["tb"] == 1.48
+    assert out["history_hot"]["usd_per_month"] == round(1.476e12 / 1e9 * 0.25)
+    # a year: 36.5 billion runs of 400 bytes
+    year = out["history_archive_per_year"]
+    assert year["tb"] == 14.6
+    assert year["usd_per_month_after_a_year_standard"] == round(14.6e12 / 1e9 * 0.023)
+    assert year["usd_per_month_after_a_year_tiered"] < year["usd_per_month_after_a_year_standard"]
+    # 128 KB of 300-byte lines
+    assert year["runs_per_data_object_to_transition"] == math.ceil(128 * 1024 / 300)
+    assert model.history({}) == {}

@@ -111,3 +111,33 @@ def test_a_warm_throughput_for_no_table_or_below_dynamodbs_floor_fails_the_synth
 ) -> None:
     with pytest.raises(ValidationError, match=message):
         StageConfig(warm_throughput=warm)
+
+
+def test_the_hot_window_is_fractional_with_its_tiers_defaulted() -> None:
+    config = StageConfig(retention_days=0.25)
+
+    assert (config.retention_days, config.failed_run_retention_days, config.keep_last_runs) == (0.25, 90, 20)
+    assert StageConfig().retention_days == 14
+
+
+@pytest.mark.parametrize(
+    ("lifecycle", "problem"),
+    [
+        ({"infrequent_access_days": 10}, "greater than or equal to 30"),
+        ({"infrequent_access_days": 45, "glacier_instant_retrieval_days": 60}, "at least 30 days after"),
+        (
+            {"glacier_instant_retrieval_days": 90, "expiration_days": 90},
+            "after glacier_instant_retrieval_days",
+        ),
+    ],
+)
+def test_a_lifecycle_s3_would_refuse_fails_the_synth(lifecycle: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValidationError, match=problem):
+        StageConfig(archive_lifecycle=lifecycle)
+
+
+def test_logs_must_outlive_the_longest_hot_tier() -> None:
+    with pytest.raises(ValidationError, match="log_lifecycle.expiration_days"):
+        StageConfig(failed_run_retention_days=400, log_lifecycle={"expiration_days": 365})
+
+    assert StageConfig(failed_run_retention_days=365).log_lifecycle.expiration_days == 365

@@ -24,22 +24,34 @@ def express(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
 
 
 def _log_statements(synth: Synthesized) -> list[dict[str, Any]]:
+    """The S3 statements of the logs (not of the run archive, a general purpose bucket in every stage)."""
+    archive = synth.stack.resolve(synth.stack.get_logical_id(synth.stack.archive.bucket.node.default_child))
     return [
         s
         for _, s in identity_statements(synth)
         if any(a.startswith(("s3:", "s3express:")) for a in as_list(s["Action"]))
+        and archive not in str(s["Resource"])
     ]
 
 
-def test_the_logs_are_a_single_zone_directory_bucket_expiring_with_the_runs(express: Synthesized) -> None:
+def test_the_logs_are_a_single_zone_directory_bucket_expiring_by_the_log_lifecycle(
+    express: Synthesized,
+) -> None:
     [(lid, bucket)] = express.of_type("AWS::S3Express::DirectoryBucket").items()
     props = bucket["Properties"]
     assert (props["DataRedundancy"], props["LocationName"]) == ("SingleAvailabilityZone", "use1-az4")
     [rule] = props["LifecycleConfiguration"]["Rules"]
-    assert (rule["Status"], rule["ExpirationInDays"]) == ("Enabled", express.config.retention_days)
+    assert (rule["Status"], rule["ExpirationInDays"]) == (
+        "Enabled",
+        express.config.log_lifecycle.expiration_days,
+    )
     assert bucket["DeletionPolicy"] == "Retain"
-    # no general purpose bucket is left for logs (nor its access-log bucket)
-    assert express.of_type("AWS::S3::Bucket") == {}
+    # no general purpose bucket is left for logs: only the run archive and its access-log bucket
+    general = {
+        express.stack.resolve(express.stack.get_logical_id(b.node.default_child))
+        for b in (express.stack.archive.bucket, express.stack.storage.access_logs_bucket)
+    }
+    assert set(express.of_type("AWS::S3::Bucket")) == general
     # and every process is told the directory bucket's name
     envs = [
         r["Properties"]["Environment"]["Variables"] for r in express.of_type("AWS::Lambda::Function").values()

@@ -62,6 +62,8 @@ STAR_RESOURCE_ACTIONS = {
     "xray:GetSamplingRules",
     "xray:GetSamplingTargets",
     "ecr:GetAuthorizationToken",
+    # the archiver's DynamoDB stream event source (ListStreams names no resource)
+    "dynamodb:ListStreams",
     # Step Functions' log delivery to CloudWatch Logs (the timeout handler's role)
     "logs:CreateLogDelivery",
     "logs:DeleteLogDelivery",
@@ -234,7 +236,15 @@ def test_logs_bucket_is_private_encrypted_tls_only_logged_and_expires_with_the_r
         dev, dev.stack.storage.access_logs_bucket
     )
     (rule,) = props["LifecycleConfiguration"]["Rules"]
-    assert rule["ExpirationInDays"] == dev.config.retention_days
+    lifecycle = dev.config.log_lifecycle
+    assert rule["Status"] == "Enabled"
+    assert rule["Transitions"] == [
+        {"StorageClass": "STANDARD_IA", "TransitionInDays": lifecycle.infrequent_access_days},
+        {"StorageClass": "GLACIER_IR", "TransitionInDays": lifecycle.glacier_instant_retrieval_days},
+    ]
+    assert rule["ExpirationInDays"] == lifecycle.expiration_days
+    assert lifecycle.expiration_days is not None
+    assert lifecycle.expiration_days >= max(dev.config.retention_days, dev.config.failed_run_retention_days)
     dev.template.has_resource_properties(
         "AWS::S3::BucketPolicy",
         {
@@ -260,7 +270,8 @@ def test_logs_bucket_is_private_encrypted_tls_only_logged_and_expires_with_the_r
 def test_every_tier_queue_redrives_to_its_own_dead_letter_queue(dev: Synthesized) -> None:
     queues = dev.stack.queues
 
-    dev.template.resource_count_is("AWS::SQS::Queue", 2 * len(ALL_TIERS))
+    # a queue and a dead-letter queue per tier, and the archiver's dead-letter queue (test_archive)
+    dev.template.resource_count_is("AWS::SQS::Queue", 2 * len(ALL_TIERS) + 1)
     for tier in ALL_TIERS:
         props = dev.resources[logical_id(dev, queues.queue(tier))]["Properties"]
         assert props["RedrivePolicy"] == {
@@ -413,6 +424,10 @@ def test_the_environment_carries_the_stages_non_default_settings(dev: Synthesize
         "queue_urls": {t: f"<{logical_id(dev, q.queue(t))}>" for t in ALL_TIERS},
         "shard_count": dev.config.shard_count,
         "run_retention_days": dev.config.retention_days,
+        "failed_run_retention_days": dev.config.failed_run_retention_days,
+        "keep_last_runs": dev.config.keep_last_runs,
+        "archive_bucket": f"<{logical_id(dev, dev.stack.archive.bucket)}>",
+        "archiver_dlq_url": f"<{logical_id(dev, dev.stack.archive.dead_letter_queue)}>",
         "tick_period_seconds": 60,  # the schedules' rate(1 minute)
     }
     if "idempotency_table" in Settings.model_fields:
@@ -464,6 +479,8 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
     )
     queues = {f"<{logical_id(dev, dev.stack.queues.queue(t))}>" for t in ALL_TIERS}
     xray = {"xray:PutTraceSegments": {"*"}, "xray:PutTelemetryRecords": {"*"}}
+    archive = f"<{logical_id(dev, dev.stack.archive.bucket)}>"
+    archiver_dlq = f"<{logical_id(dev, dev.stack.archive.dead_letter_queue)}>"
 
     def grants(name: str) -> dict[str, set[str]]:
         got = role_actions(dev, ref_id(dev.resources[logical_id(dev, fns[name])]["Properties"]["Role"]) or "")
@@ -501,8 +518,8 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
             f"{runs}/index/{DEAD_LETTER_INDEX}",
         },
         "sqs:SendMessage": queues,
-        "s3:GetObject": {f"{bucket}/logs/*"},
-        "s3:ListBucket": {bucket},
+        "s3:GetObject": {f"{bucket}/logs/*", f"{archive}/archive/*"},
+        "s3:ListBucket": {bucket, archive},
         **xray,
     }
     lambda_queue = f"<{logical_id(dev, dev.stack.queues.queue('lambda'))}>"
@@ -530,6 +547,23 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
         "s3:ListBucket": {bucket},
         **xray,
     }
+    stream = runs  # Fn::GetAtt [runs, StreamArn]: test_archive checks the attribute
+    assert grants("archiver") == {
+        "dynamodb:Query": {runs},
+        "dynamodb:PutItem": {runs},
+        # the stream event source (CDK's grantStreamRead) and its on-failure queue (grantSendMessages)
+        "dynamodb:DescribeStream": {stream},
+        "dynamodb:GetRecords": {stream},
+        "dynamodb:GetShardIterator": {stream},
+        "dynamodb:ListStreams": {"*"},
+        "sqs:SendMessage": {archiver_dlq},
+        "sqs:GetQueueAttributes": {archiver_dlq},
+        "sqs:GetQueueUrl": {archiver_dlq},
+        "s3:GetObject": {f"{bucket}/logs/*"},
+        "s3:ListBucket": {bucket},
+        "s3:PutObject": {f"{archive}/archive/*"},
+        **xray,
+    }
 
 
 def test_the_dispatcher_invokes_only_functions_tagged_for_duetime(dev: Synthesized) -> None:
@@ -551,7 +585,12 @@ def test_the_dispatcher_invokes_only_functions_tagged_for_duetime(dev: Synthesiz
 
 def test_the_dispatcher_consumes_the_lambda_queue_reporting_batch_item_failures(dev: Synthesized) -> None:
     dispatcher = logical_id(dev, dev.stack.functions.functions["dispatcher"])
-    mappings = [m["Properties"] for m in dev.of_type("AWS::Lambda::EventSourceMapping").values()]
+    # the SQS mappings (the archiver's stream mapping: test_archive)
+    mappings = [
+        m["Properties"]
+        for m in dev.of_type("AWS::Lambda::EventSourceMapping").values()
+        if "StreamArn" not in str(m["Properties"]["EventSourceArn"])
+    ]
 
     (mapping,) = mappings
     assert ref_id(mapping["FunctionName"]) == dispatcher
@@ -730,7 +769,7 @@ def test_every_queue_has_an_age_alarm_and_every_dead_letter_queue_a_depth_alarm(
     assert watched["ApproximateAgeOfOldestMessage"] == {logical_id(dev, q.queue(t)) for t in ALL_TIERS}
     assert watched["ApproximateNumberOfMessagesVisible"] == {
         logical_id(dev, q.dead_letter_queue(t)) for t in ALL_TIERS
-    }
+    } | {logical_id(dev, dev.stack.archive.dead_letter_queue)}
 
 
 def test_alarms_notify_an_encrypted_topic(dev: Synthesized) -> None:

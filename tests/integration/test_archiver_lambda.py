@@ -27,20 +27,27 @@ from tests.helpers import LocalLambdaContext
 JOB = "stream-job"
 
 
-@pytest.fixture
-def archiver(
-    aws_mock: None, names: ResourceNames, monkeypatch: pytest.MonkeyPatch
+def load_archiver(
+    names: ResourceNames, monkeypatch: pytest.MonkeyPatch, **settings_overrides: Any
 ) -> tuple[ModuleType, Deps]:
+    """The archiver handler over the moto resources of ``names``, with these settings."""
     from duetime.config import deps as config_deps
     from duetime.config.deps import deps_from_settings
     from duetime.local.lambda_runtime import load_module
 
-    settings = make_settings(names, archive_bucket=names.archive_bucket, keep_last_runs=2)
+    settings = make_settings(names, archive_bucket=names.archive_bucket, **settings_overrides)
     deps = deps_from_settings(settings, FixedClock(T0 + timedelta(days=30)))
     monkeypatch.setattr(config_deps, "default_deps", lambda: deps)
     module = load_module("archiver")
     monkeypatch.setattr(module, "default_deps", lambda: deps)
     return module, deps
+
+
+@pytest.fixture
+def archiver(
+    aws_mock: None, names: ResourceNames, monkeypatch: pytest.MonkeyPatch
+) -> tuple[ModuleType, Deps]:
+    return load_archiver(names, monkeypatch, keep_last_runs=2)
 
 
 def finished_run(i: int) -> Run:
@@ -140,5 +147,36 @@ def test_a_failed_batch_is_reported_and_its_records_written_out_whole(
     dead = deps.archive.get(f"archive/failed/{records[0]['dynamodb']['SequenceNumber']}.json.gz")
     assert dead is not None
     assert [r["dynamodb"]["OldImage"] for r in json.loads(gzip.decompress(dead))] == [
+        r["dynamodb"]["OldImage"] for r in records
+    ]
+
+
+def test_when_the_bucket_fails_too_the_records_go_whole_to_the_dead_letter_queue(
+    aws_mock: None, names: ResourceNames, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3
+
+    sqs = boto3.client("sqs")
+    url = sqs.create_queue(QueueName=f"{names.runs_table}-archiver-dlq")["QueueUrl"]
+    module, deps = load_archiver(names, monkeypatch, keep_last_runs=0, archiver_dlq_url=url)
+    assert deps.archive is not None
+
+    def down(key: str, data: bytes) -> None:
+        raise RuntimeError("S3 is down")
+
+    monkeypatch.setattr(deps.archive, "put", down)
+    records = [ttl_record(finished_run(i), 300 + i) for i in range(3)]
+    # When neither the data objects nor the failed-batch object can be written
+    with pytest.raises(BatchProcessingError):
+        invoke(module, records)
+    # Then the records are in the archiver's dead-letter queue, whole, tagged with their batch
+    messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"])[
+        "Messages"
+    ]
+    parts = sorted(messages, key=lambda m: int(m["MessageAttributes"]["part"]["StringValue"]))
+    assert {m["MessageAttributes"]["batch"]["StringValue"] for m in parts} == {
+        records[0]["dynamodb"]["SequenceNumber"]
+    }
+    assert [r["dynamodb"]["OldImage"] for r in json.loads("".join(m["Body"] for m in parts))] == [
         r["dynamodb"]["OldImage"] for r in records
     ]

@@ -82,6 +82,9 @@ class Settings(BaseModel):
     keep_last_runs: int = Field(default=20, ge=0)
     #: the archive's S3 bucket (AWS); unset there, runs leaving the hot window are not readable by the API
     archive_bucket: str = ""
+    #: AWS: the archiver's dead-letter queue: a batch it could not archive, its stream records whole, when
+    #: the archive bucket cannot take them (and the stream's on-failure pointers)
+    archiver_dlq_url: str | None = None
     #: the timeout-handler state machine; unset = the sweeper applies the same plan in-process.
     timeout_state_machine_arn: str | None = None
     #: Powertools idempotency table for ``Idempotency-Key`` requests; unset = the header is refused.
@@ -191,6 +194,7 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_FAILED_RUN_RETENTION_DAYS": "failed_run_retention_days",
     "DUETIME_KEEP_LAST_RUNS": "keep_last_runs",
     "DUETIME_ARCHIVE_BUCKET": "archive_bucket",
+    "DUETIME_ARCHIVER_DLQ_URL": "archiver_dlq_url",
     "DUETIME_TIMEOUT_STATE_MACHINE_ARN": "timeout_state_machine_arn",
     "DUETIME_IDEMPOTENCY_TABLE": "idempotency_table",
     "DUETIME_IDEMPOTENCY_TTL_SECONDS": "idempotency_ttl_seconds",

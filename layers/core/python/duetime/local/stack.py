@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from duetime.adapters.aws.resources import ResourceNames, create_all
+from duetime.adapters.sqlite.db import StateFileError
 from duetime.config.settings import CONTAINER_TIERS, Settings, get_settings, settings_to_env
 from duetime.local import callcount, lifeline
 from duetime.local.api_process import DEFAULT_API_PROCESSES
@@ -260,10 +261,18 @@ class LocalStack:
 
         Raises:
             StateDirInUseError: another process holds it (its pid is named).
+            StateFileError: the directory or its lock file cannot be made or opened (a parent that does not
+                exist or is not writable, a read-only file system); the message names the path.
         """
-        state_dir.mkdir(parents=True, exist_ok=True)
         path = state_dir / "lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StateFileError(
+                f"state directory {state_dir} cannot be used: {exc.strerror or exc}; give a --state-dir "
+                "this user can write"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -111,11 +111,12 @@ def test_a_completed_job_patched_to_a_schedule_with_fires_ahead_counts_again(
     )
     assert status == 200 and active["state"] == "ACTIVE"
     assert not _quota_left(api, clock, "alice")
-    # and an ACTIVE job whose new schedule has nothing ahead COMPLETED frees it
+    # and a schedule with nothing ahead is refused as at submit: the job and the quota stay as they are
     past = _at(clock.now() - timedelta(days=1))["schedule"]
-    status, ended, _ = call(api, "PATCH", f"/jobs/{done['job_id']}", {"schedule": past}, tenant="alice")
-    assert status == 200 and ended["state"] == "COMPLETED"
-    assert _quota_left(api, clock, "alice")
+    status, refused, _ = call(api, "PATCH", f"/jobs/{done['job_id']}", {"schedule": past}, tenant="alice")
+    assert status == 400 and refused["error"]["field"] == "schedule.expression"
+    assert call(api, "GET", f"/jobs/{done['job_id']}", tenant="alice")[1]["state"] == "ACTIVE"
+    assert not _quota_left(api, clock, "alice")
 
 
 def _run_now(deps: Deps, tenant: str):  # type: ignore[no-untyped-def]

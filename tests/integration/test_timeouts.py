@@ -17,10 +17,10 @@ from duetime.adapters.aws import clients as aws
 from duetime.adapters.aws.resources import ResourceNames
 from duetime.adapters.aws.stepfunctions import create_state_machine
 from duetime.config.deps import Deps, deps_from_settings
-from duetime.domain.api_models import CreateJobRequest
+from duetime.domain.api_models import CreateJobRequest, UpdateJobRequest
 from duetime.domain.clock import FixedClock
 from duetime.domain.errors import LeaseLostError, RequestFieldError
-from duetime.domain.models import ContainerTask, OnTimeout, RetryPolicy, RunState, Trigger
+from duetime.domain.models import ContainerTask, OnTimeout, RetryPolicy, RunState, ScheduleSpec, Trigger
 from duetime.services import jobs, runs
 from duetime.services.sessions import WorkerSession
 from duetime.services.sweeper import sweep
@@ -348,3 +348,21 @@ def test_a_run_timed_out_with_on_timeout_fail_can_be_redriven(sfn_deps: Deps) ->
     redriven = jobs.redrive(run.run_id, tenant="t1", deps=sfn_deps)
     assert (redriven.state, redriven.attempt, redriven.max_attempts) == (RunState.PENDING, 2, 3)
     assert redriven.timeout_outcome is None
+
+
+def test_a_job_cannot_trigger_itself_on_its_timeout_at_submit_or_in_a_patch(sfn_deps: Deps) -> None:
+    with pytest.raises(RequestFieldError) as err:
+        _job(sfn_deps, ["true"], job_id="loop", on_timeout=OnTimeout(action="trigger", job_id="loop"))
+    assert err.value.field == "on_timeout.job_id" and "itself" in str(err.value)
+    assert sfn_deps.store.get_job("loop") is None  # nothing stored
+    job_id = _job(sfn_deps, ["true"], schedule=ScheduleSpec(expression="rate(1 hour)"))
+    with pytest.raises(RequestFieldError) as err:
+        jobs.update_job(
+            job_id,
+            UpdateJobRequest.model_validate({"on_timeout": {"action": "trigger", "job_id": job_id}}),
+            tenant="t1",
+            deps=sfn_deps,
+        )
+    assert err.value.field == "on_timeout.job_id"
+    stored = sfn_deps.store.get_job(job_id)
+    assert stored is not None and stored.on_timeout.action != "trigger"

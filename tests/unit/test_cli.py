@@ -223,3 +223,14 @@ def test_a_port_that_does_not_answer_http_exits_4_in_one_line(monkeypatch) -> No
         line
         == f"duetime: unreachable: no HTTP answer from http://127.0.0.1:{port}: BadStatusLine 'SSH-2.0-OpenSSH_9.2'"
     )
+
+
+def test_create_refuses_a_time_zone_without_a_schedule_and_an_env_that_is_not_name_value() -> None:
+    # refused before any request: no API is reachable at this address, so a request would exit 4
+    api = ["--api", "http://127.0.0.1:9"]
+    no_schedule = runner.invoke(
+        app, ["jobs", "create", *api, "--name", "x", "--tz", "Nope", "--", "echo", "hi"]
+    )
+    assert no_schedule.exit_code == 2 and "--tz" in no_schedule.output
+    bad_env = runner.invoke(app, ["jobs", "create", *api, "--env", "JUSTANAME", "--", "true"])
+    assert bad_env.exit_code == 2 and "NAME=VALUE" in bad_env.output

@@ -121,7 +121,7 @@ def jobs_create(
     schedule: Annotated[
         str | None, typer.Option(help="rate(...), at(...) or cron; omit to run once now")
     ] = None,
-    tz: Annotated[str, typer.Option("--tz", help="IANA time zone of the schedule")] = "UTC",
+    tz: Annotated[str | None, typer.Option("--tz", help="IANA time zone of --schedule (default UTC)")] = None,
     tier: Annotated[str, typer.Option(help="small, medium or large")] = "small",
     timeout: Annotated[int | None, typer.Option(help="timeout_seconds per attempt")] = None,
     max_attempts: Annotated[int | None, typer.Option(help="retry.max_attempts")] = None,
@@ -142,14 +142,23 @@ def jobs_create(
     if command:
         argv = shlex.split(command[0]) if len(command) == 1 and " " in command[0] else list(command)
         body["task"] = {**body.get("task", {}), "kind": "container", "command": argv, "tier": tier}
+    if tz is not None and not schedule:
+        if not isinstance(body.get("schedule"), dict):
+            raise typer.BadParameter(
+                "a time zone applies to a --schedule; give one (or leave out --tz)", param_hint="--tz"
+            )
+        body["schedule"]["timezone"] = tz  # the --file's schedule
     if env:
-        pairs = dict(e.split("=", 1) for e in env if "=" in e)
+        bad = [e for e in env if "=" not in e or e.startswith("=")]
+        if bad:
+            raise typer.BadParameter(f"{bad[0]!r} is not NAME=VALUE", param_hint="--env")
+        pairs = dict(e.split("=", 1) for e in env)
         body.setdefault("task", {})["env"] = pairs
     if name:
         body["name"] = name
     body.setdefault("name", (body.get("task", {}).get("command") or ["job"])[0].rsplit("/", 1)[-1])
     if schedule:
-        body["schedule"] = {"expression": schedule, "timezone": tz}
+        body["schedule"] = {"expression": schedule, "timezone": tz or "UTC"}
     if timeout is not None:
         body["timeout_seconds"] = timeout
     if max_attempts is not None:

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     emulate_fair_queues()
+
     class KeepAliveHandler(MotoRequestHandler):
         # HTTP/1.1: clients keep their connections (werkzeug closes every HTTP/1.0 one), as on AWS
         protocol_version = "HTTP/1.1"

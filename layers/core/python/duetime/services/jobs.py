@@ -7,7 +7,7 @@ import zlib
 from collections.abc import Callable
 from contextlib import suppress
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ValidationError
@@ -88,7 +88,7 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
     now = truncate_ms(deps.clock.now())
     job_id = request.job_id or new_job_id()
     if request.on_timeout.action == "trigger":
-        _check_trigger_target(request.on_timeout.job_id, tenant, deps)
+        _check_trigger_target(request.on_timeout.job_id, job_id, tenant, deps)
     anchor = now
     if request.schedule is not None:
         spec = request.schedule
@@ -120,13 +120,7 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
     )
     first = now if request.schedule is None else next_fire_after(job, now)
     if first is None:
-        end_at = request.schedule.end_at if request.schedule is not None else None
-        if end_at is not None and end_at <= now:
-            raise ScheduleError(
-                f"end_at {to_iso(end_at)} has passed: the schedule has no fire time after now",
-                "schedule.end_at",
-            )
-        raise ScheduleError("the schedule has no fire time after now (an at(...) in the past)")
+        _no_fire_ahead(request.schedule, now)
     job = job.model_copy(update={"next_fire_at": first})
     _admit_submit(tenant, deps)
     # a job its first claim completes (run-now; a one-off due within the lookahead) is stored claimed
@@ -150,6 +144,19 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
             deps.store.add_active_jobs(tenant, -1)
         raise
     return _claim_due_now(job, deps)
+
+
+def _no_fire_ahead(schedule: ScheduleSpec | None, now: datetime) -> NoReturn:
+    """Refuse a submitted or PATCHed schedule that has no fire time after ``now`` (UTC): an ``at(...)`` in
+    the past, an ``end_at`` that has passed. Raises ScheduleError naming the field, always."""
+    end_at = schedule.end_at if schedule is not None else None
+    if end_at is not None and end_at <= now:
+        raise ScheduleError(
+            f"end_at {to_iso(end_at)} has passed: the schedule has no fire time after now", "schedule.end_at"
+        )
+    raise ScheduleError(
+        "the schedule has no fire time after now (an at(...) in the past)", "schedule.expression"
+    )
 
 
 def _admit_submit(tenant: str, deps: Deps) -> None:
@@ -476,7 +483,7 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
             field = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
             raise RequestFieldError(f"{field}: {first['msg']}", field) from None
     if "on_timeout" in changes and updated.on_timeout.action == "trigger":
-        _check_trigger_target(updated.on_timeout.job_id, tenant, deps)
+        _check_trigger_target(updated.on_timeout.job_id, job_id, tenant, deps)
     if isinstance(updated.task, LambdaTask) and updated.timeout_seconds > MAX_LAMBDA_TIMEOUT_SECONDS:
         raise RequestFieldError(
             f"timeout_seconds: a Lambda task runs at most {MAX_LAMBDA_TIMEOUT_SECONDS} s (Lambda's limit)",
@@ -493,6 +500,8 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
         # the new schedule takes effect from its first slot after now; the old schedule's runs claimed
         # ahead end SKIPPED (schedule_changed) unless the new schedule has a slot at the same instant
         nxt = next_fire_after(updated, now)
+        if nxt is None:
+            _no_fire_ahead(updated.schedule, now)  # refused as at submit: nothing stored, nothing skipped
         if job.state is JobState.PAUSED:
             updated = updated.model_copy(update={"paused_next_fire_at": nxt})
         else:
@@ -507,7 +516,9 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
                 "quota; delete some first"
             )
         try:
-            deps.store.replace_job(updated, expected_version=job.version, expected_next_fire_at=job.next_fire_at)
+            deps.store.replace_job(
+                updated, expected_version=job.version, expected_next_fire_at=job.next_fire_at
+            )
         except Exception:
             deps.store.add_active_jobs(tenant, -1)
             raise
@@ -845,9 +856,19 @@ def cancel_run(run_id: str, *, tenant: str, deps: Deps) -> Run:
     return cancelled
 
 
-def _check_trigger_target(target_id: str | None, tenant: str, deps: Deps) -> None:
+def _check_trigger_target(target_id: str | None, job_id: str, tenant: str, deps: Deps) -> None:
+    """``on_timeout.job_id`` names another job of ``tenant`` that is not DELETED; a job that triggers itself
+    is refused (each timeout would start one more run of it: a loop; ``retry`` is how a job runs again).
+
+    Raises RequestFieldError (field ``on_timeout.job_id``)."""
     if target_id is None:
         return
+    if target_id == job_id:
+        raise RequestFieldError(
+            "on_timeout.job_id: a job cannot trigger itself on its timeout (every timeout would start another "
+            "run of it); use retry to run it again",
+            "on_timeout.job_id",
+        )
     target = deps.store.get_job(target_id)
     if target is None or target.tenant != tenant or target.state is JobState.DELETED:
         raise RequestFieldError(f"on_timeout.job_id: no job {target_id!r} to trigger", "on_timeout.job_id")

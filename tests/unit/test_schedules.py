@@ -939,3 +939,36 @@ def test_a_stored_schedule_accepted_before_a_submit_rule_tightened_still_fires()
     assert parse_schedule("0 4 * * *", "localtime", stored=True).next_after(anchor) is not None
     with pytest.raises(ScheduleError):
         parse_schedule("0 4 * * *", "Not/AZone", stored=True)
+
+
+@pytest.mark.parametrize(
+    ("expression", "described", "first_fires"),
+    [
+        # a step past the field's values picks only the range's first one: described as that value
+        (
+            "*/99999999999999999999 * * * *",
+            "Every hour (UTC)",
+            ["2026-01-01T00:00:00+00:00", "2026-01-01T01:00:00+00:00"],
+        ),
+        (
+            "5/90 * * * *",
+            "At 5 minutes past the hour (UTC)",
+            ["2026-01-01T00:05:00+00:00", "2026-01-01T01:05:00+00:00"],
+        ),
+        ("0 */30 * * *", "At 12:00 AM (UTC)", ["2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00"]),
+        # a step that does reach a second value is described as a step
+        (
+            "*/15 * * * *",
+            "Every 15 minutes (UTC)",
+            ["2026-01-01T00:00:00+00:00", "2026-01-01T00:15:00+00:00"],
+        ),
+    ],
+)
+def test_a_step_longer_than_its_field_is_described_as_the_one_value_it_fires_at(
+    expression: str, described: str, first_fires: list[str]
+) -> None:
+    schedule = parse_schedule(expression)
+    assert schedule.describe() == described
+    fires = [schedule.next_after(utc(2025, 12, 31, 23, 59, 59))]
+    fires.append(schedule.next_after(fires[0]))
+    assert [f.isoformat() for f in fires] == first_fires

@@ -28,6 +28,21 @@ def _describe(rule: _Rule) -> str:
     raise NotImplementedError  # pragma: no cover - every rule is one of the three
 
 
+#: minute, hour, day of month and month: the same bounds in both cron dialects (days of week differ)
+_FIELD_BOUNDS = ((0, 59), (0, 23), (1, 31), (1, 12))
+
+
+def _unstep(item: str, lo: int, hi: int) -> str:
+    """``item`` with a step too long to reach a second value written as its one value (``*/90`` in minutes
+    is minute 0, which cron_descriptor would call "every 90 minutes"); other items unchanged."""
+    match = re.fullmatch(r"(\*|\?|\d+)(?:-(\d+))?/(\d+)", item)
+    if match is None:
+        return item
+    first = lo if match[1] in ("*", "?") else int(match[1])
+    last = int(match[2]) if match[2] is not None else hi
+    return str(first) if int(match[3]) > last - first else item
+
+
 def _describe_cron(rule: _CronRule) -> str:
     fields = [f.upper() for f in rule.fields]
     extra: list[str] = []
@@ -38,6 +53,8 @@ def _describe_cron(rule: _CronRule) -> str:
         extra.extend(f"{item[2:]} days before the last day of the month" for item in offsets)
         fields[2] = ",".join(dom_items)
     fields[4] = ",".join("SAT" if item == "L" else item for item in fields[4].split(","))
+    for i, bounds in enumerate(_FIELD_BOUNDS):
+        fields[i] = ",".join(_unstep(item, *bounds) for item in fields[i].split(","))
     if not rule.eventbridge:
         fields = ["*" if f == "?" else f for f in fields]
     try:

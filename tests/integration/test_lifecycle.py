@@ -308,6 +308,28 @@ def test_a_null_timeout_is_the_default_of_the_jobs_task_kind(api: ModuleType) ->
     assert status == 200 and (patched["task"]["kind"], patched["timeout_seconds"]) == ("container", 3600)
 
 
+def test_a_new_task_kind_without_a_timeout_moves_a_default_timeout_to_the_new_kinds_default(
+    api: ModuleType,
+) -> None:
+    # Given a container job with the default timeout (3600 s) and one that chose 1200 s
+    default, chosen = (
+        call(api, "POST", "/jobs", {**EVERY_5, "name": name, **extra})[1]
+        for name, extra in (("default", {}), ("chosen", {"timeout_seconds": 1200}))
+    )
+    fn = {"kind": "lambda", "function": "hello", "payload": {}}
+    # When the first becomes a Lambda task, its timeout is Lambda's default, 900 s (was a 400)
+    status, patched, _ = call(api, "PATCH", f"/jobs/{default['job_id']}", {"task": fn})
+    assert status == 200 and patched["timeout_seconds"] == 900, patched
+    # And back to a container task: the container default again (it kept 900 s)
+    container = {"kind": "container", "command": ["true"]}
+    status, patched, _ = call(api, "PATCH", f"/jobs/{default['job_id']}", {"task": container})
+    assert status == 200 and patched["timeout_seconds"] == 3600, patched
+    # A timeout the user chose is theirs: too long for Lambda, it is refused naming the field
+    status, answer, _ = call(api, "PATCH", f"/jobs/{chosen['job_id']}", {"task": fn})
+    assert status == 400 and answer["error"]["field"] == "timeout_seconds"
+    assert call(api, "GET", f"/jobs/{chosen['job_id']}")[1]["task"]["kind"] == "container"
+
+
 def test_removing_the_schedule_of_a_run_once_job_changes_nothing(api: ModuleType) -> None:
     # Given a run-once job (it has no schedule)
     _, job, _ = call(api, "POST", "/jobs", {**EVERY_5, "schedule": None})

@@ -563,7 +563,8 @@ def merge_patch(job: Job, patch: dict[str, Any]) -> dict[str, Any]:
     A field left out keeps its value; ``schedule`` and the policies merge field by field, the others are
     replaced. Null removes a field: it goes back to the default a ``POST /jobs`` without it would give
     (``timeout_seconds``: 3600, 900 for a Lambda task; a policy: the default policy; a policy's field: that
-    field's default). A field without a default (``name``, ``task``, ``schedule.expression``) cannot be
+    field's default); a task of another kind sent without ``timeout_seconds`` moves a timeout that was the
+    old kind's default to the new kind's. A field without a default (``name``, ``task``, ``schedule.expression``) cannot be
     removed, nor can a job's ``schedule`` (that would turn it into a run-once job); removing a schedule the
     job does not have changes nothing.
 
@@ -578,9 +579,8 @@ def merge_patch(job: Job, patch: dict[str, Any]) -> dict[str, Any]:
             continue
         if value is None and CreateJobRequest.model_fields[name].is_required():
             raise _cannot_remove(name, f"a job always has a {name}; send a new one to change it")
-        kind = (patch.get("task") or {}).get("kind", job.task.kind)
-        if value is None and name == "timeout_seconds" and kind == "lambda":
-            changes[name] = MAX_LAMBDA_TIMEOUT_SECONDS
+        if value is None and name == "timeout_seconds":
+            changes[name] = _default_timeout((patch.get("task") or {}).get("kind", job.task.kind))
         elif value is None:
             changes[name] = CreateJobRequest.model_fields[name].get_default(call_default_factory=True)
         elif name in _MERGED:
@@ -590,7 +590,20 @@ def merge_patch(job: Job, patch: dict[str, Any]) -> dict[str, Any]:
             )
         else:
             changes[name] = value
+    # a new task kind without a timeout: a timeout that was its old kind's default becomes the new kind's
+    # (a default is not a choice the user made; one they set is kept, and checked against the new kind)
+    kind = (patch.get("task") or {}).get("kind", job.task.kind)
+    moved = kind != job.task.kind and "timeout_seconds" not in patch
+    if moved and job.timeout_seconds == _default_timeout(job.task.kind):
+        changes["timeout_seconds"] = _default_timeout(kind)
     return changes
+
+
+def _default_timeout(kind: str) -> int:
+    """``timeout_seconds`` of a submit that leaves it out: 3600 s, 900 s (Lambda's limit) for a Lambda task."""
+    if kind == "lambda":
+        return MAX_LAMBDA_TIMEOUT_SECONDS
+    return int(CreateJobRequest.model_fields["timeout_seconds"].get_default())
 
 
 def _merge_fields(

@@ -675,7 +675,7 @@ class LocalStack:
             # the demo jobs belong to the first tenant by name (the API answers 401 without a token)
             token, tenant = min(self.options.tenants.items(), key=lambda item: (item[1], item[0]))
             headers["Authorization"] = f"Bearer {token}"
-            print(f"demo: the demo jobs belong to tenant {tenant!r}", flush=True)
+            print(f"demo: the demo jobs are submitted as tenant {tenant!r}", flush=True)
         for body in json.loads(text):
             # a demo job's id is its name: a restart of a durable stack finds it instead of adding another
             body.setdefault("job_id", body.get("name"))
@@ -691,15 +691,28 @@ class LocalStack:
                 )
             except urllib.error.HTTPError as exc:
                 if exc.code == 409:
-                    # job ids are global: the job may be another tenant's, e.g. the tenant 'local' of a start
-                    # without --tenant on the same state directory
                     print(
-                        f"demo: job {body['job_id']} is already there (jobs made by a start without --tenant"
-                        " belong to tenant 'local': add --tenant local:TOKEN to reach them)",
+                        f"demo: job {body['job_id']} {self._demo_job_kept(body['job_id'], headers)}",
                         flush=True,
                     )
                     continue
                 print(f"demo: {body.get('name')!r} rejected: {exc.read().decode()}", flush=True)
+
+    def _demo_job_kept(self, job_id: str, headers: dict[str, str]) -> str:
+        """What to say of a demo job whose id is taken: kept from an earlier start (its tenant's, as now), or
+        another tenant's (job ids are global: a start without --tenant makes the tenant 'local')."""
+        request = urllib.request.Request(f"{self.api_url}/jobs/{job_id}", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                job = json.loads(response.read())
+            return (
+                f"kept from an earlier start ({job['state']}, next fire {job['next_fire_at'] or 'none left'})"
+            )
+        except (urllib.error.URLError, OSError, ValueError, KeyError):
+            return (
+                "belongs to another tenant (jobs made by a start without --tenant belong to tenant 'local': "
+                "add --tenant local:TOKEN to reach them)"
+            )
 
     # ---- stop ----------------------------------------------------------------------------------------
     def catch_stop_signals(self) -> None:

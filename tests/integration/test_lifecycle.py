@@ -330,6 +330,13 @@ def test_a_new_task_kind_without_a_timeout_moves_a_default_timeout_to_the_new_ki
     assert call(api, "GET", f"/jobs/{chosen['job_id']}")[1]["task"]["kind"] == "container"
 
 
+def test_an_empty_patch_changes_nothing_not_even_the_version(api: ModuleType) -> None:
+    _, job, _ = call(api, "POST", "/jobs", EVERY_5)
+    status, patched, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", {})
+    assert status == 200 and patched["version"] == job["version"]
+    assert call(api, "GET", f"/jobs/{job['job_id']}")[1]["updated_at"] == job["updated_at"]
+
+
 def test_removing_the_schedule_of_a_run_once_job_changes_nothing(api: ModuleType) -> None:
     # Given a run-once job (it has no schedule)
     _, job, _ = call(api, "POST", "/jobs", {**EVERY_5, "schedule": None})

@@ -460,6 +460,8 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
     if job.state is JobState.DELETED:
         raise ConflictError(f"job {job_id} is deleted")
     patch = request.model_dump(exclude_unset=True)
+    if not patch:
+        return job  # an empty patch changes nothing: no write, the version stays (RFC 7396)
     changes = merge_patch(job, patch)
     if request.notifications is not None:
         # replaced whole; write-only secrets sent as "set" are kept, a new one rotates the stored one

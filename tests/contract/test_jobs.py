@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from duetime.domain.errors import ConflictError
+from duetime.domain.errors import ChangedMeanwhileError
 from duetime.domain.models import JobState, RunEvent
 from tests.contract.conftest import T0, Adapters
 from tests.contract.factories import MS, make_job, put_run
@@ -29,11 +29,11 @@ def test_replace_job_applies_only_over_the_expected_version_and_next_fire(adapte
     job = make_job("replace", next_fire_at=T0)
     adapters.store.put_new_job(job)
     v2 = job.model_copy(update={"name": "renamed", "version": 2})
-    with pytest.raises(ConflictError):
+    with pytest.raises(ChangedMeanwhileError):
         adapters.store.replace_job(v2, expected_version=2, expected_next_fire_at=T0)
-    with pytest.raises(ConflictError):
+    with pytest.raises(ChangedMeanwhileError):
         adapters.store.replace_job(v2, expected_version=1, expected_next_fire_at=T0 + MS)
-    with pytest.raises(ConflictError):
+    with pytest.raises(ChangedMeanwhileError):
         adapters.store.replace_job(v2, expected_version=1, expected_next_fire_at=None)
     assert adapters.store.get_job(job.job_id) == job
     adapters.store.replace_job(v2, expected_version=1, expected_next_fire_at=T0)
@@ -41,7 +41,7 @@ def test_replace_job_applies_only_over_the_expected_version_and_next_fire(adapte
     # a tick advanced the job meanwhile: the write read before it conflicts
     adapters.store.advance(job.job_id, claimed=T0, next_fire_at=T0 + MINUTE, now=T0)
     v3 = v2.model_copy(update={"state": JobState.PAUSED, "version": 3})
-    with pytest.raises(ConflictError):
+    with pytest.raises(ChangedMeanwhileError):
         adapters.store.replace_job(v3, expected_version=2, expected_next_fire_at=T0)
 
 

@@ -167,3 +167,48 @@ def test_pause_delete_and_a_schedule_change_govern_the_runs_claimed_ahead(defaul
     [first_new] = [r for r in found if _ts(r["due_at"]) == new_first]
     assert first_new["state"] == "SUCCEEDED" and 0 <= first_new["lag_seconds"] < 5
     assert datetime.now(UTC) > new_first
+
+
+def test_concurrent_patches_of_different_fields_all_apply(tmp_path: Path) -> None:
+    # four API processes, so the PATCHes below really race (one process answers them one by one)
+    stack = start_stack(tmp_path, "--workers", "1", "--api-processes", "4")
+    try:
+        _patch_at_once(stack)
+    finally:
+        stop_stack(stack)
+
+
+def _patch_at_once(default_stack: Stack) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    status, job = default_stack.request("POST", "/jobs", _job("patched-at-once"))
+    assert status == 201, job
+    # eight clients each change one field of the same job at the same moment
+    patches = [
+        {"timeout_seconds": 1234},
+        {"starting_deadline_seconds": 77},
+        {"late_after_seconds": 30},
+        {"expected_duration_seconds": 600},
+        {"retry": {"max_attempts": 7}},
+        {"catch_up": {"policy": "all", "max_runs": 3}},
+        {"overlap": {"policy": "skip"}},
+        {"name": "renamed-at-once"},
+    ]
+    with ThreadPoolExecutor(len(patches)) as pool:
+        answers = list(
+            pool.map(lambda p: default_stack.request("PATCH", f"/jobs/{job['job_id']}", p), patches)
+        )
+    assert [status for status, _ in answers] == [200] * len(patches), answers
+    status, final = default_stack.request("GET", f"/jobs/{job['job_id']}")
+    assert (final["timeout_seconds"], final["starting_deadline_seconds"], final["name"]) == (
+        1234,
+        77,
+        "renamed-at-once",
+    )
+    assert (final["late_after_seconds"], final["expected_duration_seconds"]) == (30, 600)
+    assert (final["retry"]["max_attempts"], final["catch_up"]["policy"], final["overlap"]["policy"]) == (
+        7,
+        "all",
+        "skip",
+    )
+    assert final["version"] == job["version"] + len(patches)

@@ -58,6 +58,12 @@ class ConflictError(DuetimeError):
     """The request conflicts with the resource's current state (HTTP 409)."""
 
 
+class ChangedMeanwhileError(ConflictError):
+    """A conditional write of a job found it changed since it was read (another request, a tick's claim):
+    the service reads it again and re-applies the request (:func:`duetime.services.jobs.update_job`); HTTP
+    409 only if it keeps changing."""
+
+
 class RequestFieldError(DuetimeError, ValueError):
     """A request field is well-formed but refers to something that does not hold (HTTP 400).
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 import zlib
 from collections.abc import Callable
 from contextlib import suppress
 from datetime import datetime, timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ValidationError
@@ -17,6 +18,7 @@ from duetime.domain.admission import SLOT_TRIGGERS, next_fire_after, parse_spec,
 from duetime.domain.api_models import CreateJobRequest, SchedulePreviewResponse, UpdateJobRequest
 from duetime.domain.errors import (
     AlreadyClaimedError,
+    ChangedMeanwhileError,
     ConflictError,
     JobExistsError,
     NotFoundError,
@@ -442,6 +444,30 @@ def query_runs(
 
 
 # ---- lifecycle -----------------------------------------------------------------------------------------
+#: how many times a job action whose write found the job changed meanwhile is read and applied again
+CHANGE_RETRIES = 5
+P = ParamSpec("P")
+
+
+def _reapplied(action: Callable[P, Job]) -> Callable[P, Job]:
+    """``action`` (it reads the job, decides, writes it under its version) run again, from the read, when
+    its write finds the job changed meanwhile (another PATCH of other fields, a pause, a tick's claim moving
+    ``next_fire_at``): the request applies to the job as it is then, as if it had come a moment later.
+    Raises ChangedMeanwhileError (HTTP 409) only after :data:`CHANGE_RETRIES` tries."""
+
+    @functools.wraps(action)
+    def again(*args: P.args, **kwargs: P.kwargs) -> Job:
+        for _ in range(CHANGE_RETRIES - 1):
+            try:
+                return action(*args, **kwargs)
+            except ChangedMeanwhileError:
+                continue
+        return action(*args, **kwargs)
+
+    return again
+
+
+@_reapplied
 def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Deps) -> Job:
     """Change a job's schedule, task or policies (``PATCH``). Runs already claimed keep their task and
     policies.
@@ -453,7 +479,8 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
 
     Raises:
         NotFoundError, ScheduleError, RequestFieldError (a trigger job that is not the caller's),
-        ConflictError: the job is DELETED, or changed meanwhile (retry the PATCH).
+        ConflictError: the job is DELETED; ChangedMeanwhileError: it kept changing under the PATCH
+            (:func:`_reapplied`).
         QuotaExceededError: a COMPLETED job's new schedule would make it active past the tenant's quota.
     """
     job = get_job(job_id, tenant=tenant, deps=deps)
@@ -666,6 +693,7 @@ def counts_as_active(job: Job) -> bool:
     return job.schedule is not None and job.state in (JobState.ACTIVE, JobState.PAUSED)
 
 
+@_reapplied
 def pause_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
     """ACTIVE or COMPLETED -> PAUSED: the job leaves the due index; its runs claimed ahead are held when they
     come due (they wait PENDING for the resume, whose catch-up policy decides them); runs already started
@@ -707,6 +735,7 @@ def _recount(before: Job, after: Job, deps: Deps) -> None:
         logger.warning("active-jobs counter not updated", extra={"job_id": after.job_id}, exc_info=True)
 
 
+@_reapplied
 def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
     """PAUSED -> ACTIVE. Resuming an active job is a no-op.
 

@@ -54,7 +54,7 @@ from duetime.adapters.aws.resources import (
 )
 from duetime.domain.errors import (
     AlreadyClaimedError,
-    ConflictError,
+    ChangedMeanwhileError,
     DuetimeError,
     JobExistsError,
     LeaseLostError,
@@ -488,7 +488,9 @@ class DynamoStore:
             )
         except ClientError as exc:
             if _is_condition_failure(exc):
-                raise ConflictError(f"job {job.job_id!r} changed meanwhile; read it and try again") from None
+                raise ChangedMeanwhileError(
+                    f"job {job.job_id!r} changed meanwhile; read it and try again"
+                ) from None
             raise
 
     def list_jobs(

@@ -36,7 +36,7 @@ from duetime.adapters.sqlite.db import Database
 from duetime.domain.clock import Clock, SystemClock
 from duetime.domain.errors import (
     AlreadyClaimedError,
-    ConflictError,
+    ChangedMeanwhileError,
     JobExistsError,
     LeaseLostError,
     PageTokenError,
@@ -367,7 +367,7 @@ class SqliteStore:
                 or stored.get("version") != expected_version
                 or stored.get("next_fire_at") != _iso(expected_next_fire_at)
             ):
-                raise ConflictError(f"job {job.job_id!r} changed meanwhile; read it and try again")
+                raise ChangedMeanwhileError(f"job {job.job_id!r} changed meanwhile; read it and try again")
             columns = self._job_columns(job)
             # fields this version does not know (a newer version wrote them) stay in the document
             doc = {**stored, **json.loads(columns[-1])}

@@ -2,8 +2,10 @@
 event, and delivers it at least once (docs/design/notifications.md). Never on the hot path: it reads the
 change feed (the embedded store's outbox; the runs table's stream on AWS) and the sweeper's signals.
 
-- :func:`process_changes` (the local stack's loop) reads the feed by cursor; :func:`handle_change` and
-  :func:`handle_signal` are what the AWS notifier Lambda calls per stream record or queue message;
+- :func:`process_changes` (the local stack's loop) reads the feed by cursor and calls :func:`handle_change`
+  per run change; the AWS notifier Lambda calls the same :func:`handle_change` per stream record of the runs
+  table, and :func:`handle_message` per message of the notifications queue (a ``late``/``overran`` signal,
+  or a delivery's wake-up);
 - :func:`deliver_due` / :func:`attempt_delivery` make the tries: each delivery is retried with doubling
   backoff and equal jitter until ``notify_window_seconds`` (a day) has passed since its event, then
   dead-lettered;
@@ -20,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from duetime.config.observability import logger
+from duetime.config.observability import emit_metric, logger
 from duetime.domain.errors import NotFoundError, RequestFieldError
 from duetime.domain.models import EventType, Job, NotificationRule
 from duetime.domain.notifications import (
@@ -29,6 +31,7 @@ from duetime.domain.notifications import (
     Delivery,
     DeliveryAttempt,
     NotificationEvent,
+    NotifierMessage,
     RunSignal,
     RunSnapshot,
     SecretMissingError,
@@ -40,12 +43,15 @@ from duetime.domain.notifications import (
     derive_events,
     event_body,
     event_id,
+    signal_of,
     signature_header,
 )
 from duetime.services.deps import Deps, NotifyPorts
 
 #: a delivery try whose error starts with this is refused for good (an SSRF-forbidden address)
 REFUSED = "refused: "
+#: the metric of a delivery given up on (the stack's alarm watches it)
+DELIVERY_DEAD_LETTERED = "NotificationDeadLettered"
 #: feed entries read per batch, deliveries tried per pass
 FEED_BATCH = 100
 DELIVERY_BATCH = 50
@@ -191,6 +197,7 @@ def handle_signal(signal: RunSignal, deps: Deps) -> NotificationEvent | None:
         for rule in decision.send
     ]
     if not ports.store.record_event(event, deliveries, decision.incident):
+        _wake_again(event, [rule for _, rule in rules], deps)
         return None
     if ports.wakeups is not None and deliveries:
         ports.wakeups.wake(deliveries, now=now)
@@ -199,6 +206,32 @@ def handle_signal(signal: RunSignal, deps: Deps) -> NotificationEvent | None:
         extra={"event_id": event.event_id, "type": event.type, "job_id": job.job_id, "notified": notified},
     )
     return event
+
+
+def _wake_again(event: NotificationEvent, rules: Sequence[NotificationRule], deps: Deps) -> None:
+    """A duplicate of a recorded event: wake its deliveries still pending again (the first handling may
+    have stopped between recording them and waking them; a wake-up of a delivery not due is re-armed, of
+    one delivered meanwhile dropped, so this never sends anything twice)."""
+    ports = _ports(deps)
+    if ports.wakeups is None:
+        return
+    found = [
+        ports.store.get_delivery(event.job_id, delivery_id(event.event_id, rule.key))
+        for rule in rules
+        if event.type in rule.on
+    ]
+    pending = [d for d in found if d is not None and d.status == "pending"]
+    if pending:
+        ports.wakeups.wake(pending, now=deps.clock.now())
+
+
+def handle_message(message: NotifierMessage, deps: Deps) -> None:
+    """One message of the notifications queue (AWS): a ``late``/``overran`` signal the sweeper appended
+    (:func:`handle_signal`), or a delivery's wake-up (:func:`wake_delivery`)."""
+    if message.signal is not None:
+        handle_signal(signal_of(message.signal), deps)
+    elif message.wake is not None:
+        wake_delivery(message.wake.job_id, message.wake.delivery_id, deps)
 
 
 def list_deliveries(
@@ -259,6 +292,7 @@ def attempt_delivery(
         window_end = delivery.created_at + timedelta(seconds=settings.notify_window_seconds)
         if (attempt.error or "").startswith(REFUSED) or next_at > window_end:
             update |= {"status": "dead_lettered", "next_attempt_at": None, "finished_at": now}
+            emit_metric(DELIVERY_DEAD_LETTERED)
             logger.warning(
                 "notification delivery dead-lettered",
                 extra={

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import ValidationError
+from aws_lambda_powertools.utilities.parser.models import SqsRecordModel
+from pydantic import Json, ValidationError
 
 from duetime.config.observability import emit_metric, logger
 from duetime.domain.errors import NotFoundError, RequestFieldError
@@ -223,6 +224,13 @@ def _wake_again(event: NotificationEvent, rules: Sequence[NotificationRule], dep
     pending = [d for d in found if d is not None and d.status == "pending"]
     if pending:
         ports.wakeups.wake(pending, now=deps.clock.now())
+
+
+class NotifierMessageRecord(SqsRecordModel):
+    """An SQS record of the notifications queue whose body is a :class:`NotifierMessage` (Powertools parser
+    model). A body that is not one fails the record alone; SQS moves it to the DLQ after its receives."""
+
+    body: Json[NotifierMessage]
 
 
 def handle_message(message: NotifierMessage, deps: Deps) -> None:

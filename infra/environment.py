@@ -14,6 +14,7 @@ from constructs import Construct
 
 from duetime.config.settings import Settings, settings_to_env
 from infra.config import TICK_PERIOD_SECONDS, StageConfig
+from infra.constructs.notifications import Notifications
 from infra.constructs.queues import TierQueues
 from infra.constructs.storage import Storage
 
@@ -27,6 +28,7 @@ def runtime_environment(
     storage: Storage,
     queues: TierQueues,
     timeout_state_machine_arn: str | None = None,
+    notifications: Notifications | None = None,
 ) -> dict[str, str]:
     """Every ``DUETIME_*`` variable (``settings.ENV_VARS``) for this stack and stage."""
     values: dict[str, object] = {
@@ -44,6 +46,10 @@ def runtime_environment(
         timeout_state_machine_arn is not None
     ):  # the sweeper hands stuck attempts to it (duetime.services.timeouts)
         values["timeout_state_machine_arn"] = timeout_state_machine_arn
+    if notifications is not None:  # the notifier's ports (the API, the sweeper and the notifier use them)
+        values["notifications_table"] = notifications.table.table_name
+        values["notifications_queue_url"] = notifications.queue.queue_url
+        values["email_topic_prefix"] = notifications.email_topic_prefix
     settings = Settings.model_validate(values)
     env = settings_to_env(settings)
     env[QUEUE_URLS_VAR] = Stack.of(scope).to_json_string(queues.urls)

@@ -50,6 +50,7 @@ def table_from_definition(
     config: StageConfig,
     time_to_live_attribute: str | None = None,
     name: str | None = None,
+    stream: ddb.StreamViewType | None = None,
 ) -> ddb.Table:
     """A DynamoDB table (on-demand, PITR, encrypted) with the keys and GSIs of a ``create_table`` definition.
 
@@ -70,6 +71,7 @@ def table_from_definition(
             point_in_time_recovery_enabled=True
         ),
         time_to_live_attribute=time_to_live_attribute,
+        stream=stream,
         warm_throughput=_warm(config, name),
         deletion_protection=config.retain_data,
         removal_policy=RemovalPolicy.RETAIN if config.retain_data else RemovalPolicy.DESTROY,
@@ -104,7 +106,7 @@ class Storage(Construct):
     Attributes:
         jobs: pk ``job_id``; GSIs ``due`` (shard, next_fire_at) and ``by_tenant`` (tenant, created_at).
         runs: pk ``job_id``, sk ``due_at``; GSI ``watchdog`` (watch_shard, watch_at) and whatever else
-            ``runs_table_definition`` declares; TTL ``expires_at``.
+            ``runs_table_definition`` declares; TTL ``expires_at``; a stream of new and old images.
         idempotency: Powertools idempotency records for ``POST /jobs`` (pk ``id``, TTL ``expiration``).
         logs_bucket: run logs, ``logs/<job>/<run>/attempt-<n>.log``, expired after the run retention (the
             stage's ``log_storage`` ``standard``; None for ``express``).
@@ -127,6 +129,8 @@ class Storage(Construct):
             config=config,
             time_to_live_attribute=RUNS_TTL_ATTRIBUTE,
             name="runs",
+            # read by the notifier (issue 17) and the archiver (issue 19)
+            stream=ddb.StreamViewType.NEW_AND_OLD_IMAGES,
         )
         self.idempotency = table_from_definition(
             self,

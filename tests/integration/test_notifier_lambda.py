@@ -339,3 +339,41 @@ def test_a_rules_own_topic_receives_the_event_with_its_tenant_attribute(
     assert (body["type"], body["job_id"], body["tenant"]) == ("dead_lettered", "topic", "t1")
     assert message["MessageAttributes"]["tenant"]["StringValue"] == "t1"
     assert message["MessageAttributes"]["event_id"]["StringValue"] == body["event_id"]
+
+
+def _event(job_id: str, kind: str, attempt: int) -> Any:
+    from duetime.domain.notifications import NotificationEvent, event_id
+
+    return NotificationEvent(
+        event_id=event_id(job_id, T0, attempt, kind),
+        type=kind,
+        tenant="t1",
+        job_id=job_id,
+        job_name="j",
+        run_id="run-x",
+        due_at=T0,
+        attempt=attempt,
+        state="FAILED",
+        occurred_at=T0,
+    )
+
+
+def test_an_incident_changed_since_it_was_read_is_not_overwritten(deps: Deps) -> None:
+    from duetime.adapters.aws.notifications import DynamoNotifications
+    from duetime.domain.errors import ConflictError
+    from duetime.domain.notifications import Incident
+
+    table = deps.settings.notifications_table or ""
+    mine, theirs = DynamoNotifications(table), DynamoNotifications(table)
+    # Given two notifiers that read the same job's incident (none yet)
+    assert mine.get_incident("racy") == theirs.get_incident("racy") == Incident()
+    # When one records a failure that opens it
+    assert theirs.record_event(_event("racy", "failed", 1), [], Incident(open=True, opened_at=T0))
+    # Then the other's write of the incident it read is refused, and writes nothing
+    with pytest.raises(ConflictError):
+        mine.record_event(_event("racy", "late", 2), [], Incident())
+    assert mine.get_incident("racy") == Incident(open=True, opened_at=T0)
+    # And once read again, its event is recorded
+    assert mine.record_event(_event("racy", "late", 2), [], Incident(open=True, opened_at=T0))
+    events, _ = mine.list_events("racy", limit=10)
+    assert sorted(e.type.value for e, _ in events) == ["failed", "late"]

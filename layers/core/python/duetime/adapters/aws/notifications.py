@@ -76,6 +76,8 @@ from duetime.domain.timeutil import to_iso
 #: how long events and their deliveries are kept, days (the local set's default too)
 EVENT_RETENTION_DAYS = 90
 _INCIDENT = "incident"
+#: incidents read and not yet written back kept at most (the condition of their next write)
+_READ_CACHE = 10_000
 _RULES = "rules"
 
 
@@ -147,6 +149,8 @@ class DynamoNotifications:
         item = self._get(_job_pk(job_id), _INCIDENT)
         doc = str(item["doc"]) if item else None
         with self._lock:
+            if len(self._read) >= _READ_CACHE:  # reads left by events that recorded nothing
+                self._read.clear()
             self._read[job_id] = doc
         return Incident.of(json.loads(doc) if doc else None)
 
@@ -174,7 +178,7 @@ class DynamoNotifications:
         expires = self._expires(event.occurred_at)
         with self._lock:
             known = event.job_id in self._read
-            prior = self._read.get(event.job_id)
+            prior = self._read.pop(event.job_id, None)
         doc = json.dumps(incident.to_doc())
         incident_put: dict[str, Any] = {
             "TableName": self.table,
@@ -228,12 +232,8 @@ class DynamoNotifications:
             if reasons and reasons[0] == "ConditionalCheckFailed":
                 return False
             if len(reasons) > 1 and reasons[1] == "ConditionalCheckFailed":
-                with self._lock:
-                    self._read.pop(event.job_id, None)
                 raise ConflictError(f"job {event.job_id}'s incident changed meanwhile") from None
             raise
-        with self._lock:
-            self._read[event.job_id] = doc
         return True
 
     # ---- deliveries ----------------------------------------------------------------------------------

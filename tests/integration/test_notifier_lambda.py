@@ -377,3 +377,25 @@ def test_an_incident_changed_since_it_was_read_is_not_overwritten(deps: Deps) ->
     assert mine.record_event(_event("racy", "late", 2), [], Incident(open=True, opened_at=T0))
     events, _ = mine.list_events("racy", limit=10)
     assert sorted(e.type.value for e, _ in events) == ["failed", "late"]
+
+
+def test_a_wake_up_handled_twice_makes_one_chain_of_tries(
+    lambda_module: ModuleType, deps: Deps, receiver: Receiver
+) -> None:
+    from duetime.domain.errors import ConflictError
+
+    # Given a delivery whose receiver answers 503 (a retry is scheduled after each try)
+    job = _job(deps, "twice", _hook(receiver, "dead_lettered"))
+    receiver.status = 503
+    assert _invoke(lambda_module, _failing_run(deps, job)) == []
+    assert deps.notify is not None
+    [delivery] = [d for _, ds in deps.notify.store.list_events(job.job_id, limit=10)[0] for d in ds]
+    # When two notifiers try it from the same read (a wake-up handled, then redelivered before it was
+    # deleted)
+    first = notifier.attempt_delivery(delivery, deps)
+    assert (first.status, first.tries) == ("pending", 1)
+    with pytest.raises(ConflictError):
+        notifier.attempt_delivery(delivery, deps)
+    # Then the stored delivery is the first try's, and only its wake-up re-arms it
+    stored = deps.notify.store.get_delivery(job.job_id, delivery.delivery_id)
+    assert stored is not None and stored.model_dump(mode="json") == first.model_dump(mode="json")

@@ -550,7 +550,12 @@ class NotificationStore(Protocol):
     def get_delivery(self, job_id: str, delivery_id: str) -> Delivery | None: ...
 
     def save_delivery(self, delivery: Delivery) -> None:
-        """Write the delivery's new status, attempts and next try."""
+        """Write the delivery's new status, attempts and next try.
+
+        Raises:
+            ConflictError: (a store with concurrent notifiers: DynamoDB) another try of the delivery was
+                saved since this one's was read; nothing written.
+        """
 
     def list_events(
         self, job_id: str, *, limit: int, page_token: str | None = None

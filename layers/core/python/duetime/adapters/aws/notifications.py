@@ -162,6 +162,7 @@ class DynamoNotifications:
             NOTIFICATIONS_PK: _job_pk(delivery.job_id),
             NOTIFICATIONS_SK: _delivery_sk(delivery.delivery_id),
             "doc": delivery.model_dump_json(),
+            "tries": delivery.tries,
             NOTIFICATIONS_TTL_ATTRIBUTE: self._expires(delivery.created_at),
         }
         if delivery.status == "pending" and delivery.next_attempt_at is not None:
@@ -257,7 +258,23 @@ class DynamoNotifications:
         return Delivery.from_stored(json.loads(item["doc"])) if item else None
 
     def save_delivery(self, delivery: Delivery) -> None:
-        self._ddb.put_item(TableName=self.table, Item=self._delivery_item(delivery))
+        """See the port; raises :class:`~duetime.domain.errors.ConflictError` (nothing written) for the
+        outcome of a try when another try of the delivery was saved meanwhile (two wake-ups of it in
+        flight, e.g. a message handled and then redelivered): the later one stops there, so a delivery
+        never has two chains of tries. A cancellation (its rule gone) makes no try and is always saved."""
+        newer = "#tries <= :tries" if delivery.status == "cancelled" else "#tries < :tries"
+        try:
+            self._ddb.put_item(
+                TableName=self.table,
+                Item=self._delivery_item(delivery),
+                ConditionExpression=f"attribute_not_exists(#tries) OR {newer}",
+                ExpressionAttributeNames={"#tries": "tries"},
+                ExpressionAttributeValues={":tries": {"N": str(delivery.tries)}},
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise
+            raise ConflictError(f"delivery {delivery.delivery_id} was tried meanwhile") from None
 
     def list_events(
         self, job_id: str, *, limit: int, page_token: str | None = None

@@ -84,7 +84,9 @@ IDEMPOTENCY_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateI
 #: job's next waiting run: Query the active index, GetItem, send), list dead letters (Query), read logs
 #: (GetObject; ListBucket so a missing object reads as NoSuchKey, not AccessDenied), and replay
 #: ``Idempotency-Key`` requests (Powertools); notifications: read and replace the tenant's default rules
-#: (GetItem, PutItem) and list a job's events (Query) with their deliveries (BatchGetItem).
+#: (GetItem, PutItem) and list a job's events (Query) with their deliveries (BatchGetItem); subscribe a rule's
+#: email addresses to the tenant's email topic when it is saved (CreateTopic with its tenant tag: TagResource;
+#: ListSubscriptionsByTopic, Subscribe).
 API = FunctionSpec(
     "api",
     "Duetime HTTP API: submit and read jobs, runs and logs",
@@ -112,6 +114,13 @@ API = FunctionSpec(
             "dynamodb:PutItem",
             "dynamodb:Query",
             "dynamodb:BatchGetItem",
+        ),
+        allow(
+            Target.EMAIL_TOPICS,
+            "sns:CreateTopic",
+            "sns:TagResource",
+            "sns:ListSubscriptionsByTopic",
+            "sns:Subscribe",
         ),
     ),
 )

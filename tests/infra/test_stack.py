@@ -520,6 +520,10 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
         "sqs:SendMessage": queues,
         "s3:GetObject": {f"{bucket}/logs/*"},
         "s3:ListBucket": {bucket},
+        **{
+            a: {f"arn:<AWS::Partition>:sns:<AWS::Region>:<AWS::AccountId>:{dev.stack.stack_name}-email-*"}
+            for a in ("sns:CreateTopic", "sns:TagResource", "sns:ListSubscriptionsByTopic", "sns:Subscribe")
+        },
         **xray,
     }
     lambda_queue = f"<{logical_id(dev, dev.stack.queues.queue('lambda'))}>"

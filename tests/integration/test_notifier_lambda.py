@@ -399,3 +399,25 @@ def test_a_wake_up_handled_twice_makes_one_chain_of_tries(
     # Then the stored delivery is the first try's, and only its wake-up re-arms it
     stored = deps.notify.store.get_delivery(job.job_id, delivery.delivery_id)
     assert stored is not None and stored.model_dump(mode="json") == first.model_dump(mode="json")
+
+
+def test_an_email_rule_subscribes_its_addresses_when_it_is_saved(deps: Deps) -> None:
+    # Given a job and tenant defaults with email rules, saved through the services the API calls
+    rule = NotificationRule.model_validate({"on": ["failed"], "email": ["ops@one.example"]})
+    jobs.create_job(
+        CreateJobRequest(name="mailed", task=ContainerTask(command=["true"]), notifications=[rule]),
+        tenant="one",
+        deps=deps,
+    )
+    notifier.put_tenant_rules(
+        "one", [NotificationRule.model_validate({"on": ["late"], "email": ["boss@one.example"]})], deps
+    )
+    # Then both addresses are subscribed to the tenant's topic before any alert (SNS mails a confirmation)
+    sns = aws.client("sns")
+    [arn] = [
+        t["TopicArn"]
+        for t in sns.list_topics()["Topics"]
+        if t["TopicArn"].endswith(":" + email_topic_name("test-email", "one"))
+    ]
+    subscribed = sns.list_subscriptions_by_topic(TopicArn=arn)["Subscriptions"]
+    assert sorted(s["Endpoint"] for s in subscribed) == ["boss@one.example", "ops@one.example"]

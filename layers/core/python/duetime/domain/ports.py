@@ -585,3 +585,6 @@ class SnsPublisher(Protocol):
     ) -> None: ...
 
     def publish_email(self, tenant: str, address: str, *, subject: str, message: str) -> None: ...
+
+    def subscribe_email(self, tenant: str, address: str) -> None:
+        """Subscribe ``address`` to ``tenant``'s email alerts (nothing if it is already)."""

@@ -66,11 +66,18 @@ def _ports(deps: Deps) -> NotifyPorts:
 
 # ---- rules -------------------------------------------------------------------------------------------
 def prepare_rules(
-    stored: Sequence[NotificationRule], sent: Sequence[NotificationRule], *, field: str, deps: Deps
+    stored: Sequence[NotificationRule],
+    sent: Sequence[NotificationRule],
+    *,
+    field: str,
+    deps: Deps,
+    tenant: str | None = None,
 ) -> list[NotificationRule]:
     """``sent`` rules as they are to be stored: each webhook URL checked (HTTPS, no forbidden address;
     the local stack's rules on the embedded backend), secrets sent as ``"set"`` kept from ``stored``, a new
-    secret for a stored URL rotated (the old one signs too for 24 h).
+    secret for a stored URL rotated (the old one signs too for 24 h). Given the ``tenant``, each email
+    address is subscribed to the tenant's email topic now (:func:`subscribe_addresses`), so it confirms
+    before its first alert.
 
     Raises:
         RequestFieldError: naming the rule's field (``<field>.<i>.webhook.url`` or ``...secret``).
@@ -83,10 +90,25 @@ def prepare_rules(
                 name = f"{field}.{index}.webhook.url"
                 raise RequestFieldError(f"{name}: {exc}", name) from None
     try:
-        return carry_secrets(stored, sent, deps.clock.now())
+        rules = carry_secrets(stored, sent, deps.clock.now())
     except SecretMissingError as exc:
         name = f"{field}.{exc.index}.webhook.secret"
         raise RequestFieldError(f"{name}: {exc}", name) from None
+    if tenant is not None:
+        subscribe_addresses(tenant, rules, deps)
+    return rules
+
+
+def subscribe_addresses(tenant: str, rules: Sequence[NotificationRule], deps: Deps) -> None:
+    """Subscribe the email addresses of ``rules`` to ``tenant``'s email topic (SNS mails each new one a
+    confirmation). Best effort: an address not subscribed now is subscribed at its first alert."""
+    if deps.notify is None:
+        return
+    for address in dict.fromkeys(a for rule in rules for a in rule.email or []):
+        try:
+            deps.notify.sns.subscribe_email(tenant, address)
+        except Exception:  # noqa: BLE001 - never fails the request: the first alert subscribes it again
+            logger.warning("email address not subscribed yet", extra={"tenant": tenant}, exc_info=True)
 
 
 def get_tenant_rules(tenant: str, deps: Deps) -> tuple[list[NotificationRule], datetime | None]:
@@ -97,7 +119,7 @@ def put_tenant_rules(tenant: str, sent: Sequence[NotificationRule], deps: Deps) 
     """Replace the tenant's default rules (validated, secrets carried over as :func:`prepare_rules` does)."""
     store = _ports(deps).store
     stored, _ = store.get_tenant_rules(tenant)
-    rules = prepare_rules(stored, sent, field="notifications", deps=deps)
+    rules = prepare_rules(stored, sent, field="notifications", deps=deps, tenant=tenant)
     store.put_tenant_rules(tenant, rules, now=deps.clock.now())
     return rules
 

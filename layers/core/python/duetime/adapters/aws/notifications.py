@@ -455,6 +455,9 @@ class SnsTopics:
             self._subscribed[(tenant, address)] = arn
         return arn
 
+    def subscribe_email(self, tenant: str, address: str) -> None:
+        self.email_topic(tenant, address)
+
     def publish_email(self, tenant: str, address: str, *, subject: str, message: str) -> None:
         self.publish(
             self.email_topic(tenant, address),

@@ -50,6 +50,7 @@ def runtime_environment(
         values["notifications_table"] = notifications.table.table_name
         values["notifications_queue_url"] = notifications.queue.queue_url
         values["email_topic_prefix"] = notifications.email_topic_prefix
+        values["aws_account_id"] = Stack.of(scope).account  # sns_topic_arn rules must name its topics
     settings = Settings.model_validate(values)
     env = settings_to_env(settings)
     env[QUEUE_URLS_VAR] = Stack.of(scope).to_json_string(queues.urls)

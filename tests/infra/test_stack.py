@@ -432,6 +432,7 @@ def test_the_environment_carries_the_stages_non_default_settings(dev: Synthesize
     values["notifications_table"] = f"<{logical_id(dev, n.table)}>"
     values["notifications_queue_url"] = f"<{logical_id(dev, n.queue)}>"
     values["email_topic_prefix"] = f"{dev.stack.stack_name}-email"
+    values["aws_account_id"] = "<AWS::AccountId>"
     expected = Settings.model_validate(values)
     for name, env in {**function_env(dev), **container_env(dev)}.items():
         assert settings_from_env({k: render(v) for k, v in env.items()}) == expected, name

@@ -75,13 +75,16 @@ def prepare_rules(
 ) -> list[NotificationRule]:
     """``sent`` rules as they are to be stored: each webhook URL checked (HTTPS, no forbidden address;
     the local stack's rules on the embedded backend), secrets sent as ``"set"`` kept from ``stored``, a new
-    secret for a stored URL rotated (the old one signs too for 24 h). Given the ``tenant``, each email
+    secret for a stored URL rotated (the old one signs too for 24 h); an ``sns_topic_arn`` must be in the
+    deployment's account (``aws_account_id``, when set: the notifier may publish to no other). Given the ``tenant``, each email
     address is subscribed to the tenant's email topic now (:func:`subscribe_addresses`), so it confirms
     before its first alert.
 
     Raises:
-        RequestFieldError: naming the rule's field (``<field>.<i>.webhook.url`` or ``...secret``).
+        RequestFieldError: naming the rule's field (``<field>.<i>.webhook.url``, ``...secret`` or
+            ``<field>.<i>.sns_topic_arn``).
     """
+    account = deps.settings.aws_account_id
     for index, rule in enumerate(sent):
         if rule.webhook is not None:
             try:
@@ -89,6 +92,13 @@ def prepare_rules(
             except ValueError as exc:
                 name = f"{field}.{index}.webhook.url"
                 raise RequestFieldError(f"{name}: {exc}", name) from None
+        if rule.sns_topic_arn is not None and account and rule.sns_topic_arn.split(":")[4] != account:
+            name = f"{field}.{index}.sns_topic_arn"
+            raise RequestFieldError(
+                f"{name}: must be a topic of this deployment's account ({account}); "
+                "publish to another account's topic from a topic of this one",
+                name,
+            )
     try:
         rules = carry_secrets(stored, sent, deps.clock.now())
     except SecretMissingError as exc:

@@ -421,3 +421,28 @@ def test_an_email_rule_subscribes_its_addresses_when_it_is_saved(deps: Deps) -> 
     ]
     subscribed = sns.list_subscriptions_by_topic(TopicArn=arn)["Subscriptions"]
     assert sorted(s["Endpoint"] for s in subscribed) == ["boss@one.example", "ops@one.example"]
+
+
+def test_a_stale_wake_up_is_dropped_without_a_try(
+    lambda_module: ModuleType, deps: Deps, receiver: Receiver
+) -> None:
+    from duetime.domain.notifications import NotifierMessage
+    from duetime.local.lambda_service import sqs_event_record
+
+    # Given a delivery tried once already (receiver answering 503), and the wake-up of its first try
+    # coming back (a duplicate, or a message that failed and reappeared)
+    job = _job(deps, "stale", _hook(receiver, "dead_lettered"))
+    receiver.status = 503
+    assert _invoke(lambda_module, _failing_run(deps, job)) == []
+    assert deps.notify is not None
+    [delivery] = [d for _, ds in deps.notify.store.list_events(job.job_id, limit=10)[0] for d in ds]
+    stale = NotifierMessage.wake_for(delivery).model_dump_json()
+    tried = notifier.attempt_delivery(delivery, deps)
+    assert tried.tries == 1 and len(receiver.received) == 1
+    # When the stale wake-up is handled
+    record = sqs_event_record({"MessageId": "old", "ReceiptHandle": "r", "Body": stale}, queue_arn=QUEUE_ARN)
+    assert _invoke(lambda_module, [record]) == []
+    # Then nothing was tried and the delivery is as its one chain left it
+    assert len(receiver.received) == 1
+    stored = deps.notify.store.get_delivery(job.job_id, delivery.delivery_id)
+    assert stored is not None and stored.tries == 1

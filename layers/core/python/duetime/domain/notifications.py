@@ -584,6 +584,9 @@ class DeliveryRef(BaseModel):
 
     job_id: Annotated[str, Field(min_length=1, max_length=256)]
     delivery_id: Annotated[str, Field(min_length=1, max_length=256)]
+    #: the tries the delivery had when this wake-up was sent: a wake-up for another count is stale (a
+    #: duplicate of an earlier one) and is dropped, so a delivery has one chain of tries
+    tries: Annotated[int, Field(ge=0)] | None = None
 
 
 class NotifierMessage(BaseModel):
@@ -603,4 +606,6 @@ class NotifierMessage(BaseModel):
 
     @classmethod
     def wake_for(cls, delivery: Delivery) -> NotifierMessage:
-        return cls(wake=DeliveryRef(job_id=delivery.job_id, delivery_id=delivery.delivery_id))
+        return cls(
+            wake=DeliveryRef(job_id=delivery.job_id, delivery_id=delivery.delivery_id, tries=delivery.tries)
+        )

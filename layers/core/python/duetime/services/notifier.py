@@ -271,7 +271,7 @@ def handle_message(message: NotifierMessage, deps: Deps) -> None:
     if message.signal is not None:
         handle_signal(signal_of(message.signal), deps)
     elif message.wake is not None:
-        wake_delivery(message.wake.job_id, message.wake.delivery_id, deps)
+        wake_delivery(message.wake.job_id, message.wake.delivery_id, deps, tries=message.wake.tries)
 
 
 def list_deliveries(
@@ -350,13 +350,17 @@ def attempt_delivery(
     return saved
 
 
-def wake_delivery(job_id: str, delivery_id: str, deps: Deps) -> Delivery | None:
+def wake_delivery(job_id: str, delivery_id: str, deps: Deps, *, tries: int | None = None) -> Delivery | None:
     """A wake-up for one delivery (the AWS notifier's queue message): try it if it is pending and due; one
-    woken early (a backoff longer than the queue's 15-minute delay) is woken again for its time. The
-    delivery after it, or None if there is nothing to try (delivered meanwhile, gone)."""
+    woken early (a backoff longer than the queue's 15-minute delay) is woken again for its time. A wake-up
+    sent when the delivery had another count of ``tries`` is stale (a duplicate) and dropped. The delivery
+    after it, or None if there is nothing to try (delivered meanwhile, gone, a stale wake-up)."""
     ports = _ports(deps)
     delivery = ports.store.get_delivery(job_id, delivery_id)
     if delivery is None or delivery.status != "pending" or delivery.next_attempt_at is None:
+        return None
+    if tries is not None and tries != delivery.tries:
+        logger.info("stale delivery wake-up dropped", extra={"delivery_id": delivery_id, "tries": tries})
         return None
     now = deps.clock.now()
     if delivery.next_attempt_at > now + timedelta(seconds=1):

@@ -76,9 +76,9 @@ def prepare_rules(
     """``sent`` rules as they are to be stored: each webhook URL checked (HTTPS, no forbidden address;
     the local stack's rules on the embedded backend), secrets sent as ``"set"`` kept from ``stored``, a new
     secret for a stored URL rotated (the old one signs too for 24 h); an ``sns_topic_arn`` must be in the
-    deployment's account (``aws_account_id``, when set: the notifier may publish to no other). Given the ``tenant``, each email
-    address is subscribed to the tenant's email topic now (:func:`subscribe_addresses`), so it confirms
-    before its first alert.
+    deployment's account (``aws_account_id``, when set: the notifier may publish to no other). Given the
+    ``tenant``, each email address is subscribed to the tenant's email topic now
+    (:func:`subscribe_addresses`), so it confirms before its first alert.
 
     Raises:
         RequestFieldError: naming the rule's field (``<field>.<i>.webhook.url``, ``...secret`` or
@@ -243,8 +243,9 @@ def handle_signal(signal: RunSignal, deps: Deps) -> NotificationEvent | None:
 
 def _wake_again(event: NotificationEvent, rules: Sequence[NotificationRule], deps: Deps) -> None:
     """A duplicate of a recorded event: wake its deliveries still pending again (the first handling may
-    have stopped between recording them and waking them; a wake-up of a delivery not due is re-armed, of
-    one delivered meanwhile dropped, so this never sends anything twice)."""
+    have stopped between recording them and waking them). A wake-up of a delivery not due is re-armed, of
+    one delivered meanwhile dropped; two wake-ups of one try may both post (at least once: the receiver
+    dedupes by event id), and only one of them is saved (``save_delivery``), so one chain of tries goes on."""
     ports = _ports(deps)
     if ports.wakeups is None:
         return

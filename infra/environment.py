@@ -15,6 +15,7 @@ from constructs import Construct
 from duetime.config.settings import Settings, settings_to_env
 from infra.config import TICK_PERIOD_SECONDS, StageConfig
 from infra.constructs.archive import Archive
+from infra.constructs.notifications import Notifications
 from infra.constructs.queues import TierQueues
 from infra.constructs.storage import Storage
 
@@ -29,6 +30,7 @@ def runtime_environment(
     queues: TierQueues,
     archive: Archive | None = None,
     timeout_state_machine_arn: str | None = None,
+    notifications: Notifications | None = None,
 ) -> dict[str, str]:
     """Every ``DUETIME_*`` variable (``settings.ENV_VARS``) for this stack and stage."""
     values: dict[str, object] = {
@@ -51,6 +53,11 @@ def runtime_environment(
         timeout_state_machine_arn is not None
     ):  # the sweeper hands stuck attempts to it (duetime.services.timeouts)
         values["timeout_state_machine_arn"] = timeout_state_machine_arn
+    if notifications is not None:  # the notifier's ports (the API, the sweeper and the notifier use them)
+        values["notifications_table"] = notifications.table.table_name
+        values["notifications_queue_url"] = notifications.queue.queue_url
+        values["email_topic_prefix"] = notifications.email_topic_prefix
+        values["aws_account_id"] = Stack.of(scope).account  # sns_topic_arn rules must name its topics
     settings = Settings.model_validate(values)
     env = settings_to_env(settings)
     env[QUEUE_URLS_VAR] = Stack.of(scope).to_json_string(queues.urls)

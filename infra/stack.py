@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from aws_cdk import CfnOutput, Environment, Stack, Tags
+from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from infra.config import StageConfig
@@ -12,6 +13,7 @@ from infra.constructs.archive import Archive
 from infra.constructs.executors import Executors
 from infra.constructs.functions import FUNCTIONS, Functions, FunctionSpec
 from infra.constructs.monitoring import Monitoring
+from infra.constructs.notifications import Notifications
 from infra.constructs.queues import TierQueues
 from infra.constructs.scheduler import Schedules
 from infra.constructs.storage import Storage
@@ -44,7 +46,8 @@ class DuetimeStack(Stack):
         self.storage = Storage(self, "Storage", config=config)
         self.queues = TierQueues(self, "Queues")
         self.archive = Archive(self, "Archive", config=config, storage=self.storage)
-        catalogue = Catalogue(self.storage, self.queues, self.archive)
+        self.notifications = Notifications(self, "Notifications", config=config)
+        catalogue = Catalogue(self.storage, self.queues, self.archive, self.notifications)
         self.timeouts = TimeoutHandler(self, "TimeoutHandler", config=config, catalogue=catalogue)
         environment = runtime_environment(
             self,
@@ -53,6 +56,7 @@ class DuetimeStack(Stack):
             queues=self.queues,
             archive=self.archive,
             timeout_state_machine_arn=self.timeouts.state_machine.state_machine_arn,
+            notifications=self.notifications,
         )
 
         self.functions = Functions(
@@ -74,6 +78,8 @@ class DuetimeStack(Stack):
             self.archive.read_stream(fn["archiver"], self.storage.runs)
         self.timeouts.allow_stop_tasks(self.executors.cluster)
         self.timeouts.state_machine.grant_start_execution(fn["sweeper"])
+        if "notifier" in fn:
+            self.notifications.feed(fn["notifier"], self.storage.runs)
         self.monitoring = Monitoring(
             self,
             "Monitoring",
@@ -82,13 +88,24 @@ class DuetimeStack(Stack):
             api=self.api,
             functions=fn,
             archiver_dlq=self.archive.dead_letter_queue,
+            notifications=self.notifications,
         )
+        if "notifier" in fn:
+            # a rule's own topic may be any of this account's, but never the operators' alarm topic
+            fn["notifier"].add_to_role_policy(
+                iam.PolicyStatement(
+                    effect=iam.Effect.DENY,
+                    actions=["sns:Publish"],
+                    resources=[self.monitoring.topic.topic_arn],
+                )
+            )
 
         CfnOutput(self, "ApiUrl", value=self.api.url, description="HTTP API endpoint (SigV4 or JWT)")
         CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn)
         CfnOutput(self, "DashboardName", value=self.monitoring.dashboard.dashboard_name)
         CfnOutput(self, "JobsTableName", value=self.storage.jobs.table_name)
         CfnOutput(self, "RunsTableName", value=self.storage.runs.table_name)
+        CfnOutput(self, "NotificationsTableName", value=self.notifications.table.table_name)
         CfnOutput(self, "LogsBucketName", value=self.storage.logs_bucket_name)
         CfnOutput(self, "ArchiveBucketName", value=self.archive.bucket.bucket_name)
         CfnOutput(

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from duetime.domain.notifications import verify_signature
 
 
 @dataclass
@@ -15,6 +18,8 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    #: what the receiver answered
+    status: int = 204
 
     @property
     def json(self) -> Any:
@@ -23,9 +28,14 @@ class Received:
 
 @dataclass
 class Receiver:
-    """``url`` accepts POSTs (answering ``status``) while up; ``down()`` closes its socket."""
+    """``url`` accepts POSTs (answering ``status``) while up; ``down()`` closes its socket. Given a
+    ``secret``, it verifies each POST's ``Duetime-Signature`` as a receiver should and answers 401 (recording
+    nothing) when it does not verify."""
 
     status: int = 204
+    secret: str | None = None
+    #: POSTs refused for a bad signature
+    refused: int = 0
     received: list[Received] = field(default_factory=list)
     port: int = 0
     _server: ThreadingHTTPServer | None = None
@@ -41,8 +51,16 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
+                if owner.secret is not None and not verify_signature(
+                    self.headers.get("Duetime-Signature") or "", body, owner.secret, now=int(time.time())
+                ):
+                    owner.refused += 1
+                    self.send_response(401)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 owner.received.append(
-                    Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                    Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body, owner.status)
                 )
                 self.send_response(owner.status)
                 self.send_header("Content-Length", "0")
@@ -65,3 +83,7 @@ class Receiver:
 
     def events(self) -> list[dict[str, Any]]:
         return [r.json for r in self.received]
+
+    def accepted(self) -> list[dict[str, Any]]:
+        """The bodies of the POSTs it answered with a 2xx (delivered)."""
+        return [r.json for r in self.received if 200 <= r.status < 300]

@@ -16,10 +16,15 @@ from typing import Any
 from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
 
-from duetime.adapters.aws.resources import jobs_table_definition, runs_table_definition
+from duetime.adapters.aws.resources import (
+    jobs_table_definition,
+    notifications_table_definition,
+    runs_table_definition,
+)
 from duetime.config.settings import ALL_TIERS
 from duetime.domain.logs import log_key
 from infra.constructs.archive import ARCHIVE_PREFIX, Archive
+from infra.constructs.notifications import Notifications
 from infra.constructs.queues import TierQueues
 from infra.constructs.storage import Storage
 from infra.nag import acknowledge, arn_finding
@@ -46,6 +51,14 @@ class Target(StrEnum):
     ARCHIVE_BUCKET = "archive bucket"
     #: the archiver's dead-letter queue
     ARCHIVER_DLQ = "archiver dead-letter queue"
+    #: the notifier's table (events, deliveries, incidents, tenants' rules)
+    NOTIFICATIONS = "notifications table"
+    #: the notifications queue (signals and delivery wake-ups)
+    NOTIFICATIONS_QUEUE = "notifications queue"
+    #: the tenants' email topics: SNS topics of this account and region named ``<email topic prefix>-*``
+    EMAIL_TOPICS = "email topics"
+    #: SNS topics of this account and region (a rule's own ``sns_topic_arn``)
+    ACCOUNT_TOPICS = "this account's topics"
 
 
 #: The tag a function must carry for the dispatcher to invoke it as a Lambda task's target.
@@ -57,6 +70,9 @@ TARGET_TAG_VALUE = "true"
 TABLE_INDEXES: dict[Target, frozenset[str]] = {
     Target.JOBS: frozenset(g["IndexName"] for g in jobs_table_definition("-")["GlobalSecondaryIndexes"]),
     Target.RUNS: frozenset(g["IndexName"] for g in runs_table_definition("-")["GlobalSecondaryIndexes"]),
+    Target.NOTIFICATIONS: frozenset(
+        g["IndexName"] for g in notifications_table_definition("-")["GlobalSecondaryIndexes"]
+    ),
 }
 
 
@@ -86,22 +102,43 @@ def allow(target: Target, *actions: str, tier: str | None = None, index: str | N
 class Catalogue:
     """Resolves :class:`Target` to the ARNs of one stack's resources."""
 
-    def __init__(self, storage: Storage, queues: TierQueues, archive: Archive | None = None) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        queues: TierQueues,
+        archive: Archive | None = None,
+        notifications: Notifications | None = None,
+    ) -> None:
         self.storage = storage
         self.queues = queues
         self.archive = archive
+        self.notifications = notifications
 
     def _archive(self) -> Archive:
         if self.archive is None:
             raise ValueError("this stack has no run archive")
         return self.archive
 
+    def _notifications(self) -> Notifications:
+        if self.notifications is None:
+            raise ValueError("this stack has no notifications construct")
+        return self.notifications
+
+    def _topic_arn(self, name: str) -> str:
+        return Stack.of(self.storage).format_arn(
+            service="sns", resource=name, arn_format=ArnFormat.NO_RESOURCE_NAME
+        )
+
     def arns(self, access: Access) -> list[str]:
         s = self.storage
-        if access.target in (Target.JOBS, Target.RUNS, Target.IDEMPOTENCY):
-            table = {Target.JOBS: s.jobs, Target.RUNS: s.runs, Target.IDEMPOTENCY: s.idempotency}[
-                access.target
-            ]
+        if access.target in (Target.JOBS, Target.RUNS, Target.IDEMPOTENCY, Target.NOTIFICATIONS):
+            table = (
+                self._notifications().table
+                if access.target is Target.NOTIFICATIONS
+                else {Target.JOBS: s.jobs, Target.RUNS: s.runs, Target.IDEMPOTENCY: s.idempotency}[
+                    access.target
+                ]
+            )
             return [f"{table.table_arn}/index/{access.index}" if access.index else table.table_arn]
         match access.target:
             case Target.QUEUES:
@@ -117,6 +154,12 @@ class Catalogue:
                 return [self._archive().bucket.bucket_arn]
             case Target.ARCHIVER_DLQ:
                 return [self._archive().dead_letter_queue.queue_arn]
+            case Target.NOTIFICATIONS_QUEUE:
+                return [self._notifications().queue.queue_arn]
+            case Target.EMAIL_TOPICS:
+                return [self._topic_arn(f"{self._notifications().email_topic_prefix}-*")]
+            case Target.ACCOUNT_TOPICS:
+                return [self._topic_arn("*")]
             case Target.TAGGED_FUNCTIONS:
                 return [
                     Stack.of(s).format_arn(
@@ -177,6 +220,22 @@ class Catalogue:
                 arn_finding(self._archive().bucket, f"/{ARCHIVE_PREFIX}*"),
                 f"S3 names objects by key: the grant covers exactly the run archive under {ARCHIVE_PREFIX} in "
                 "Duetime's own archive bucket",
+            )
+        if any(a.target is Target.EMAIL_TOPICS for a in accesses):
+            prefix = self._notifications().email_topic_prefix
+            acknowledge(
+                role,
+                f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sns:<AWS::Region>:<AWS::AccountId>:{prefix}-*]",
+                "the notifier creates one email topic per tenant at run time (a tenant's alerts never share a "
+                f"topic with another's): the grant covers exactly this stack's topics, named {prefix}-*",
+            )
+        if any(a.target is Target.ACCOUNT_TOPICS for a in accesses):
+            acknowledge(
+                role,
+                "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sns:<AWS::Region>:<AWS::AccountId>:*]",
+                "a rule names its own topic (sns_topic_arn) at run time: sns:Publish only, on topics of this "
+                "account and region (a topic in another account is refused by this policy whatever its own "
+                "resource policy says); each message carries its tenant as an attribute",
             )
         if any(a.target is Target.TAGGED_FUNCTIONS for a in accesses):
             acknowledge(

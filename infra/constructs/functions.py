@@ -27,6 +27,7 @@ from duetime.adapters.aws.resources import (
     DEAD_LETTER_INDEX,
     DUE_INDEX,
     JOBS_BY_TENANT_INDEX,
+    NOTIFIER_TIMEOUT_SECONDS,
     RUNNING_INDEX,
     WATCH_INDEX,
 )
@@ -83,7 +84,11 @@ IDEMPOTENCY_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateI
 #: job's next waiting run: Query the active index, GetItem, send), list dead letters (Query), read logs
 #: (GetObject; ListBucket so a missing object reads as NoSuchKey, not AccessDenied), read run history that
 #: left the hot window (``services.history``: list a job's archived days and index entries, ListBucket; read
-#: them and ranged GETs of the data objects, GetObject), and replay ``Idempotency-Key`` requests (Powertools).
+#: them and ranged GETs of the data objects, GetObject), and replay ``Idempotency-Key`` requests (Powertools);
+#: notifications: read and replace the tenant's default rules
+#: (GetItem, PutItem) and list a job's events (Query) with their deliveries (BatchGetItem); subscribe a rule's
+#: email addresses to the tenant's email topic when it is saved (CreateTopic with its tenant tag: TagResource;
+#: ListSubscriptionsByTopic, Subscribe).
 API = FunctionSpec(
     "api",
     "Duetime HTTP API: submit and read jobs, runs and logs",
@@ -107,6 +112,20 @@ API = FunctionSpec(
         allow(Target.LOGS_BUCKET, "s3:ListBucket"),
         allow(Target.ARCHIVE_OBJECTS, "s3:GetObject"),
         allow(Target.ARCHIVE_BUCKET, "s3:ListBucket"),
+        allow(
+            Target.NOTIFICATIONS,
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:Query",
+            "dynamodb:BatchGetItem",
+        ),
+        allow(
+            Target.EMAIL_TOPICS,
+            "sns:CreateTopic",
+            "sns:TagResource",
+            "sns:ListSubscriptionsByTopic",
+            "sns:Subscribe",
+        ),
     ),
 )
 #: The tick runs ``duetime.services.claims.tick``: take the shard lease (UpdateItem on its item in the jobs table),
@@ -130,7 +149,9 @@ TICK = FunctionSpec(
 #: configured it settles them in-process with the same plan): UpdateItem, then retry wake-ups (send), the
 #: ``on_timeout: trigger`` run of another job (GetItem job, PutItem run, send) and the job's next waiting run
 #: (Query the active index, GetItem run, send); settle runs a pause held once their job is resumed or
-#: deleted (GetItem job, Query the active index, UpdateItem run, UpdateItem job's missed_slots, send).
+#: deleted (GetItem job, Query the active index, UpdateItem run, UpdateItem job's missed_slots, send); and
+#: send the notifier a ``late`` or ``overran`` signal (SendMessage to the notifications queue; the run's
+#: history records it: UpdateItem run).
 SWEEPER = FunctionSpec(
     "sweeper",
     "Duetime sweeper: re-send lost runs, expire leases, release retries, settle timeouts",
@@ -144,6 +165,7 @@ SWEEPER = FunctionSpec(
         allow(Target.RUNS, "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
         allow(Target.JOBS, "dynamodb:GetItem", "dynamodb:UpdateItem"),
         allow(Target.QUEUES, *_SEND),
+        allow(Target.NOTIFICATIONS_QUEUE, *_SEND),
     ),
     async_retries=0,
 )
@@ -213,7 +235,35 @@ ARCHIVER = FunctionSpec(
     async_retries=0,
 )
 
-FUNCTIONS: tuple[FunctionSpec, ...] = (API, TICK, SWEEPER, DISPATCHER, FINISH, ARCHIVER)
+#: The notifier runs ``duetime.services.notifier`` on the runs table's stream and the notifications queue (its
+#: event sources: ``Notifications.feed``): read the job (GetItem job) and its tenant's rules (GetItem), the
+#: job's incident (GetItem) and record each event with its deliveries and the incident (TransactWriteItems of
+#: Puts: PutItem); read and save a delivery at each try (GetItem, PutItem) and wake its next try
+#: (SendMessage to its queue); deliver to webhooks (HTTPS, no AWS access), to a rule's own SNS topic in this
+#: account (Publish) and by email through the tenant's own topic (CreateTopic with its tenant tag:
+#: TagResource; ListSubscriptionsByTopic, Subscribe with a filter policy, Publish).
+NOTIFIER = FunctionSpec(
+    "notifier",
+    "Duetime notifier: run changes and time signals to events, deliveries to webhooks, SNS and email",
+    timeout_seconds=NOTIFIER_TIMEOUT_SECONDS,
+    memory_mib=512,
+    access=(
+        allow(Target.JOBS, "dynamodb:GetItem"),
+        allow(Target.NOTIFICATIONS, "dynamodb:GetItem", "dynamodb:PutItem"),
+        allow(Target.NOTIFICATIONS_QUEUE, *_SEND),
+        allow(Target.ACCOUNT_TOPICS, "sns:Publish"),
+        allow(
+            Target.EMAIL_TOPICS,
+            "sns:CreateTopic",
+            "sns:TagResource",
+            "sns:ListSubscriptionsByTopic",
+            "sns:Subscribe",
+            "sns:Publish",
+        ),
+    ),
+)
+
+FUNCTIONS: tuple[FunctionSpec, ...] = (API, TICK, SWEEPER, DISPATCHER, FINISH, ARCHIVER, NOTIFIER)
 
 
 class Functions(Construct):

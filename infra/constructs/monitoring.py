@@ -21,8 +21,10 @@ from constructs import Construct
 
 from duetime.config.observability import metrics as code_metrics
 from duetime.config.settings import ALL_TIERS
+from duetime.services.notifier import DELIVERY_DEAD_LETTERED
 from infra.config import StageConfig
 from infra.constructs.api import Api
+from infra.constructs.notifications import Notifications
 from infra.constructs.queues import TierQueues
 
 NAMESPACE = code_metrics.namespace or "Duetime"
@@ -30,6 +32,8 @@ NAMESPACE = code_metrics.namespace or "Duetime"
 DIMENSIONS = {"service": code_metrics.service} if code_metrics.service else {}
 SCHEDULE_LAG = "ScheduleLag"
 RUN_DEAD_LETTERED = "RunDeadLettered"
+#: a notification delivery given up on (the notifier's own name for it)
+NOTIFICATION_DEAD_LETTERED = DELIVERY_DEAD_LETTERED
 ONE_MINUTE = Duration.minutes(1)
 FIVE_MINUTES = Duration.minutes(5)
 
@@ -65,6 +69,7 @@ class Monitoring(Construct):
         api: Api,
         functions: dict[str, lambda_.Function],
         archiver_dlq: sqs.IQueue | None = None,
+        notifications: Notifications | None = None,
     ) -> None:
         super().__init__(scope, id)
         key = kms.Key(
@@ -166,15 +171,37 @@ class Monitoring(Construct):
                 "messages in the archiver's dead-letter queue: a batch of the runs table's TTL deletions was "
                 "not archived (its records are in archive/failed/ or in the messages; replay them)",
             )
+        if notifications is not None:
+            alarm(
+                "NotificationsDeadLettered",
+                code_metric(NOTIFICATION_DEAD_LETTERED, statistic="Sum", period=FIVE_MINUTES),
+                1,
+                "notification deliveries were given up on (a receiver failing for a day, or an address the SSRF "
+                "rules refuse): see GET /jobs/{id}/deliveries",
+            )
+            alarm(
+                "NotificationsDeadLetterQueueDepth",
+                notifications.dead_letter_queue.metric_approximate_number_of_messages_visible(
+                    period=ONE_MINUTE, statistic="Maximum"
+                ),
+                thresholds.dlq_depth,
+                "messages or stream batches the notifier could not handle: their deliveries wait; inspect, "
+                "fix and redrive",
+            )
         api_5xx = api_metric(api, "5xx", FIVE_MINUTES)
         alarm("Api5xx", api_5xx, thresholds.api_5xx_per_5_minutes, "the HTTP API answers 5xx")
-        for fname in ("tick", "sweeper", "archiver"):
+        for fname, what in (
+            ("tick", "claims are not happening"),
+            ("sweeper", "repairs are not happening"),
+            ("archiver", "archiving is not happening"),
+            ("notifier", "events or deliveries are waiting"),
+        ):
             if fname in functions:
                 alarm(
                     f"{fname.capitalize()}Errors",
                     functions[fname].metric_errors(period=FIVE_MINUTES, statistic="Sum"),
                     thresholds.function_errors_per_5_minutes,
-                    f"the {fname} function fails: claims, repairs or archiving are not happening",
+                    f"the {fname} function fails: {what}",
                 )
 
         self.dashboard = self._dashboard(config, queues, api, api_5xx, lag_p99, dead_letters, functions)

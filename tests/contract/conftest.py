@@ -27,7 +27,12 @@ import pytest
 
 from duetime.config.settings import ALL_TIERS, CONTAINER_TIERS
 from duetime.domain.clock import FixedClock
-from duetime.domain.ports import ArchiveStore, LogStore, RunQueue, Store
+from duetime.domain.models import Run
+from duetime.domain.notifications import RunSnapshot
+from duetime.domain.ports import ArchiveStore, LogStore, NotificationStore, RunQueue, Store
+
+#: a run change as the notifier reads it: (old, new) snapshots
+Change = tuple[RunSnapshot | None, RunSnapshot]
 
 #: the adapter sets the contract runs against (a new set: add its id and a ``_<id>_backend`` fixture)
 ADAPTER_SETS = ["aws", "sqlite"]
@@ -57,6 +62,16 @@ class Adapters:
     _unused_tiers: list[str] = field(default_factory=lambda: [*CONTAINER_TIERS, "lambda"], repr=False)
     #: the run archive (:class:`~duetime.domain.ports.ArchiveStore`)
     archive: ArchiveStore | None = None
+    #: the notifier's store (:class:`~duetime.domain.ports.NotificationStore`)
+    notifications: NotificationStore | None = None
+    #: the run changes of a transition ``before -> after`` as this set's change feed gives them: the
+    #: embedded outbox (its trigger on the runs rows; the arguments unused), or the runs table's stream
+    #: (records of the rows' images, decoded as the notifier Lambda decodes them)
+    read_changes: Callable[[Run | None, Run], list[Change]] | None = field(default=None, repr=False)
+
+    def changes(self, before: Run | None, after: Run) -> list[Change]:
+        assert self.read_changes is not None
+        return self.read_changes(before, after)
 
     def new_tier(self) -> str:
         """A tier whose queue no one in this test has used yet: empty, with the production queue's settings
@@ -83,7 +98,9 @@ def _aws_backend() -> Iterator[AdapterFactory]:
     import boto3
     from moto.core.botocore_stubber import BotocoreStubber
 
+    from duetime.adapters.aws import dynamodb
     from duetime.adapters.aws.dynamodb import DynamoStore
+    from duetime.adapters.aws.notifications import DynamoNotifications, change_of_stream_record
     from duetime.adapters.aws.resources import ResourceNames, create_all
     from duetime.adapters.aws.s3_archive import S3Archive
     from duetime.adapters.aws.s3_logs import S3Logs
@@ -117,6 +134,19 @@ def _aws_backend() -> Iterator[AdapterFactory]:
             def put_raw(tier: str, body: str) -> None:
                 sqs.send_message(QueueUrl=queues.queue_urls[tier], MessageBody=body)
 
+            def stream(before: Run | None, after: Run) -> list[Change]:
+                def image(run: Run) -> dict[str, Any]:
+                    return dynamodb.serialize(dynamodb.run_to_item(run, retention=dynamodb.RetentionPolicy()))
+
+                record: dict[str, Any] = {
+                    "eventName": "INSERT" if before is None else "MODIFY",
+                    "dynamodb": {"NewImage": image(after), "StreamViewType": "NEW_AND_OLD_IMAGES"},
+                }
+                if before is not None:
+                    record["dynamodb"]["OldImage"] = image(before)
+                change = change_of_stream_record(record)
+                return [change] if change is not None else []
+
             return Adapters(
                 kind="aws",
                 store=DynamoStore(names.jobs_table, names.runs_table, submits_table=names.idempotency_table),
@@ -125,6 +155,8 @@ def _aws_backend() -> Iterator[AdapterFactory]:
                 clock=FixedClock(T0),
                 put_raw=put_raw,
                 archive=S3Archive(names.archive_bucket),
+                notifications=DynamoNotifications(names.notifications_table),
+                read_changes=stream,
             )
 
         yield make
@@ -136,12 +168,21 @@ def _sqlite_backend(tmp_path: Path) -> AdapterFactory:
     time), logs as files beside it."""
     from duetime.adapters.sqlite.archive import FileArchive
     from duetime.adapters.sqlite.logs import FileLogs
+    from duetime.adapters.sqlite.notifications import SqliteNotifications
     from duetime.adapters.sqlite.queue import SqliteQueues
     from duetime.adapters.sqlite.store import SqliteStore
 
     def make() -> Adapters:
         path = tmp_path / "duetime.sqlite"
         queues = SqliteQueues(path)
+        notifications = SqliteNotifications(path)
+
+        def outbox(before: Run | None, after: Run) -> list[Change]:  # noqa: ARG001 - the trigger saw them
+            entries = notifications.read_changes(limit=1000)
+            if entries:
+                notifications.ack_changes(entries[-1].position)
+            return [(e.old, e.new) for e in entries if e.new is not None]
+
         return Adapters(
             kind="sqlite",
             store=SqliteStore(path),
@@ -150,6 +191,8 @@ def _sqlite_backend(tmp_path: Path) -> AdapterFactory:
             clock=FixedClock(T0),
             put_raw=lambda tier, body: queues.send_raw(tier, body),
             archive=FileArchive(tmp_path),
+            notifications=notifications,
+            read_changes=outbox,
         )
 
     return make

@@ -51,7 +51,15 @@ def stand_in(tmp_path: Path) -> Path:
 
 
 def test_the_table_names_every_handler() -> None:
-    assert [f.name for f in FUNCTIONS] == ["api", "tick", "sweeper", "dispatcher", "finish", "archiver"]
+    assert [f.name for f in FUNCTIONS] == [
+        "api",
+        "tick",
+        "sweeper",
+        "dispatcher",
+        "finish",
+        "archiver",
+        "notifier",
+    ]
     for spec in FUNCTIONS:
         assert (spec.code_dir / "handler.py").is_file(), spec.name
 

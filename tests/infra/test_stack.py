@@ -57,13 +57,14 @@ pytestmark = [pytest.mark.infra, pytest.mark.xdist_group("cdk")]
 
 #: Identity-policy actions that AWS only accepts on Resource "*".
 STAR_RESOURCE_ACTIONS = {
+    # DynamoDB Streams' ListStreams names no stream (CDK's stream read grant of the notifier's and the
+    # archiver's mappings)
+    "dynamodb:ListStreams",
     "xray:PutTraceSegments",
     "xray:PutTelemetryRecords",
     "xray:GetSamplingRules",
     "xray:GetSamplingTargets",
     "ecr:GetAuthorizationToken",
-    # the archiver's DynamoDB stream event source (ListStreams names no resource)
-    "dynamodb:ListStreams",
     # Step Functions' log delivery to CloudWatch Logs (the timeout handler's role)
     "logs:CreateLogDelivery",
     "logs:DeleteLogDelivery",
@@ -128,6 +129,8 @@ def role_actions(dev: Synthesized, role_logical_id: str) -> dict[str, set[str]]:
         if role_logical_id not in [ref_id(r) for r in res["Properties"]["Roles"]]:
             continue
         for st in statements(res["Properties"]["PolicyDocument"]):
+            if st["Effect"] == "Deny":  # checked where a role has one (the notifier's)
+                continue
             assert st["Effect"] == "Allow"
             for action in as_list(st["Action"]):
                 grants.setdefault(action, set()).update(render(r) for r in as_list(st["Resource"]))
@@ -147,6 +150,7 @@ def tables(dev: Synthesized) -> dict[str, dict[str, Any]]:
             ("jobs", storage.jobs),
             ("runs", storage.runs),
             ("idempotency", storage.idempotency),
+            ("notifications", dev.stack.notifications.table),
         )
     }
 
@@ -168,7 +172,12 @@ def container_env(dev: Synthesized) -> dict[str, dict[str, Any]]:
 
 # ---- storage -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("table", "definition"), [("jobs", jobs_table_definition), ("runs", runs_table_definition)]
+    ("table", "definition"),
+    [
+        ("jobs", jobs_table_definition),
+        ("runs", runs_table_definition),
+        ("notifications", resources.notifications_table_definition),
+    ],
 )
 def test_table_keys_and_indexes_equal_the_core_definitions(
     dev: Synthesized, table: str, definition: Any
@@ -270,8 +279,9 @@ def test_logs_bucket_is_private_encrypted_tls_only_logged_and_expires_with_the_r
 def test_every_tier_queue_redrives_to_its_own_dead_letter_queue(dev: Synthesized) -> None:
     queues = dev.stack.queues
 
-    # a queue and a dead-letter queue per tier, and the archiver's dead-letter queue (test_archive)
-    dev.template.resource_count_is("AWS::SQS::Queue", 2 * len(ALL_TIERS) + 1)
+    # a queue and a dead-letter queue per tier, the archiver's dead-letter queue (test_archive), and the
+    # notifications queue with its dead-letter queue
+    dev.template.resource_count_is("AWS::SQS::Queue", 2 * len(ALL_TIERS) + 3)
     for tier in ALL_TIERS:
         props = dev.resources[logical_id(dev, queues.queue(tier))]["Properties"]
         assert props["RedrivePolicy"] == {
@@ -433,6 +443,11 @@ def test_the_environment_carries_the_stages_non_default_settings(dev: Synthesize
     if "idempotency_table" in Settings.model_fields:
         values["idempotency_table"] = f"<{logical_id(dev, s.idempotency)}>"
     values["timeout_state_machine_arn"] = f"<{logical_id(dev, dev.stack.timeouts.state_machine)}>"
+    n = dev.stack.notifications
+    values["notifications_table"] = f"<{logical_id(dev, n.table)}>"
+    values["notifications_queue_url"] = f"<{logical_id(dev, n.queue)}>"
+    values["email_topic_prefix"] = f"{dev.stack.stack_name}-email"
+    values["aws_account_id"] = "<AWS::AccountId>"
     expected = Settings.model_validate(values)
     for name, env in {**function_env(dev), **container_env(dev)}.items():
         assert settings_from_env({k: render(v) for k, v in env.items()}) == expected, name
@@ -481,6 +496,8 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
     xray = {"xray:PutTraceSegments": {"*"}, "xray:PutTelemetryRecords": {"*"}}
     archive = f"<{logical_id(dev, dev.stack.archive.bucket)}>"
     archiver_dlq = f"<{logical_id(dev, dev.stack.archive.dead_letter_queue)}>"
+    notify_table = f"<{logical_id(dev, dev.stack.notifications.table)}>"
+    notify_queue = f"<{logical_id(dev, dev.stack.notifications.queue)}>"
 
     def grants(name: str) -> dict[str, set[str]]:
         got = role_actions(dev, ref_id(dev.resources[logical_id(dev, fns[name])]["Properties"]["Role"]) or "")
@@ -501,17 +518,18 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
         "dynamodb:GetItem": {runs, jobs},
         "dynamodb:PutItem": {runs},
         "dynamodb:UpdateItem": {runs, jobs},
-        "sqs:SendMessage": queues,
+        "sqs:SendMessage": queues | {notify_queue},
         "states:StartExecution": {f"<{logical_id(dev, dev.stack.timeouts.state_machine)}>"},
         **xray,
     }
     assert grants("api") == {
-        "dynamodb:GetItem": {jobs, runs, idem},
-        "dynamodb:BatchGetItem": {jobs},
-        "dynamodb:PutItem": {jobs, runs, idem},
+        "dynamodb:GetItem": {jobs, runs, idem, notify_table},
+        "dynamodb:BatchGetItem": {jobs, notify_table},
+        "dynamodb:PutItem": {jobs, runs, idem, notify_table},
         "dynamodb:UpdateItem": {jobs, runs, idem},
         "dynamodb:DeleteItem": {idem},
         "dynamodb:Query": {
+            notify_table,
             runs,
             f"{jobs}/index/{JOBS_BY_TENANT_INDEX}",
             f"{runs}/index/{ACTIVE_INDEX}",
@@ -520,6 +538,10 @@ def test_function_roles_hold_exactly_the_access_their_code_needs(dev: Synthesize
         "sqs:SendMessage": queues,
         "s3:GetObject": {f"{bucket}/logs/*", f"{archive}/archive/*"},
         "s3:ListBucket": {bucket, archive},
+        **{
+            a: {f"arn:<AWS::Partition>:sns:<AWS::Region>:<AWS::AccountId>:{dev.stack.stack_name}-email-*"}
+            for a in ("sns:CreateTopic", "sns:TagResource", "sns:ListSubscriptionsByTopic", "sns:Subscribe")
+        },
         **xray,
     }
     lambda_queue = f"<{logical_id(dev, dev.stack.queues.queue('lambda'))}>"
@@ -585,20 +607,132 @@ def test_the_dispatcher_invokes_only_functions_tagged_for_duetime(dev: Synthesiz
 
 def test_the_dispatcher_consumes_the_lambda_queue_reporting_batch_item_failures(dev: Synthesized) -> None:
     dispatcher = logical_id(dev, dev.stack.functions.functions["dispatcher"])
-    # the SQS mappings (the archiver's stream mapping: test_archive)
     mappings = [
         m["Properties"]
         for m in dev.of_type("AWS::Lambda::EventSourceMapping").values()
-        if "StreamArn" not in str(m["Properties"]["EventSourceArn"])
+        if ref_id(m["Properties"]["FunctionName"]) == dispatcher
     ]
 
     (mapping,) = mappings
-    assert ref_id(mapping["FunctionName"]) == dispatcher
     assert ref_id(mapping["EventSourceArn"]) == logical_id(dev, dev.stack.queues.queue("lambda"))
     assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
     assert mapping["BatchSize"] == 10
     props = dev.resources[dispatcher]["Properties"]
     assert props["Timeout"] == DISPATCHER_TIMEOUT_SECONDS
+
+
+# ---- notifications (issue 17) ----------------------------------------------------------------------------
+def test_the_notifiers_role_holds_exactly_what_it_calls_and_never_the_alarm_topic(dev: Synthesized) -> None:
+    fn = dev.stack.functions.functions["notifier"]
+    role = ref_id(dev.resources[logical_id(dev, fn)]["Properties"]["Role"]) or ""
+    got = role_actions(dev, role)
+    for action in ("logs:CreateLogStream", "logs:PutLogEvents"):
+        assert got.pop(action) == {f"<{logical_id(dev, dev.stack.functions.log_groups['notifier'])}>"}
+    n = dev.stack.notifications
+    table, queue, dlq = (f"<{logical_id(dev, x)}>" for x in (n.table, n.queue, n.dead_letter_queue))
+    runs = f"<{logical_id(dev, dev.stack.storage.runs)}>"
+    stream = runs  # rendered: its StreamArn attribute (checked below)
+    email = f"arn:<AWS::Partition>:sns:<AWS::Region>:<AWS::AccountId>:{dev.stack.stack_name}-email-*"
+    account = "arn:<AWS::Partition>:sns:<AWS::Region>:<AWS::AccountId>:*"
+    consume = ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility")
+    consume += ("sqs:GetQueueAttributes", "sqs:GetQueueUrl")
+    assert got == {
+        "dynamodb:GetItem": {f"<{logical_id(dev, dev.stack.storage.jobs)}>", table},
+        "dynamodb:PutItem": {table},
+        "sqs:SendMessage": {queue, dlq},  # the DLQ: the stream mapping's on-failure destination
+        "sqs:GetQueueAttributes": {queue, dlq},
+        "sqs:GetQueueUrl": {queue, dlq},
+        **{a: {queue} for a in consume if a not in ("sqs:GetQueueAttributes", "sqs:GetQueueUrl")},
+        "dynamodb:DescribeStream": {stream},
+        "dynamodb:GetRecords": {stream},
+        "dynamodb:GetShardIterator": {stream},
+        "dynamodb:ListStreams": {"*"},
+        "sns:Publish": {account, email},
+        "sns:CreateTopic": {email},
+        "sns:TagResource": {email},
+        "sns:ListSubscriptionsByTopic": {email},
+        "sns:Subscribe": {email},
+        "xray:PutTraceSegments": {"*"},
+        "xray:PutTelemetryRecords": {"*"},
+    }
+    # the runs table only through its stream: every grant on it is on its StreamArn
+    on_runs = [
+        st
+        for res in dev.of_type("AWS::IAM::Policy").values()
+        if role in [ref_id(r) for r in res["Properties"]["Roles"]]
+        for st in statements(res["Properties"]["PolicyDocument"])
+        if any(ref_id(r) == runs.strip("<>") for r in as_list(st["Resource"]))
+    ]
+    assert on_runs and all(
+        r == {"Fn::GetAtt": [runs.strip("<>"), "StreamArn"]}
+        for st in on_runs
+        for r in as_list(st["Resource"])
+    )
+    denied = [
+        (as_list(st["Action"]), [render(r) for r in as_list(st["Resource"])])
+        for res in dev.of_type("AWS::IAM::Policy").values()
+        if role in [ref_id(r) for r in res["Properties"]["Roles"]]
+        for st in statements(res["Properties"]["PolicyDocument"])
+        if st["Effect"] == "Deny"
+    ]
+    assert denied == [(["sns:Publish"], [f"<{logical_id(dev, dev.stack.monitoring.topic)}>"])]
+
+
+def test_the_notifier_reads_the_runs_stream_filtered_and_its_queue_reporting_failures(
+    dev: Synthesized,
+) -> None:
+    from duetime.adapters.aws.resources import NOTIFICATIONS_VISIBILITY_SECONDS, NOTIFIER_TIMEOUT_SECONDS
+    from duetime.domain.notifications import EVENT_STATES
+
+    notifier = logical_id(dev, dev.stack.functions.functions["notifier"])
+    n = dev.stack.notifications
+    runs = tables(dev)["runs"]
+    assert runs["StreamSpecification"] == {"StreamViewType": "NEW_AND_OLD_IMAGES"}
+    mappings = {
+        ref_id(m["Properties"]["EventSourceArn"]) or json.dumps(m["Properties"]["EventSourceArn"]): m[
+            "Properties"
+        ]
+        for m in dev.of_type("AWS::Lambda::EventSourceMapping").values()
+        if ref_id(m["Properties"]["FunctionName"]) == notifier
+    }
+    queue = mappings.pop(logical_id(dev, n.queue))
+    assert (queue["FunctionResponseTypes"], queue["BatchSize"]) == (["ReportBatchItemFailures"], 4)
+    (stream,) = mappings.values()
+    assert stream["EventSourceArn"] == {"Fn::GetAtt": [logical_id(dev, dev.stack.storage.runs), "StreamArn"]}
+    assert stream["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert stream["StartingPosition"] == "TRIM_HORIZON"
+    assert ref_id(stream["DestinationConfig"]["OnFailure"]["Destination"]) == logical_id(
+        dev, n.dead_letter_queue
+    )
+    patterns = [json.loads(f["Pattern"]) for f in stream["FilterCriteria"]["Filters"]]
+    assert {"dynamodb": {"NewImage": {"state": {"S": list(EVENT_STATES)}}}} in patterns
+    assert {
+        "eventName": ["INSERT"],
+        "dynamodb": {"NewImage": {"missed_slots": {"N": [{"numeric": [">", 0, "<=", 10**9]}]}}},
+    } in patterns
+    props = dev.resources[notifier]["Properties"]
+    assert props["Timeout"] == NOTIFIER_TIMEOUT_SECONDS
+    q = dev.resources[logical_id(dev, n.queue)]["Properties"]
+    assert q["VisibilityTimeout"] == NOTIFICATIONS_VISIBILITY_SECONDS >= 6 * NOTIFIER_TIMEOUT_SECONDS
+    assert q["RedrivePolicy"]["deadLetterTargetArn"] == {
+        "Fn::GetAtt": [logical_id(dev, n.dead_letter_queue), "Arn"]
+    }
+    assert tables(dev)["notifications"]["TimeToLiveSpecification"] == {
+        "AttributeName": "expires_at",
+        "Enabled": True,
+    }
+
+
+def test_notifications_dead_letters_and_the_notifiers_errors_are_alarmed(dev: Synthesized) -> None:
+    found = {
+        (a.get("Namespace"), a.get("MetricName"), a.get("Statistic"), a.get("Threshold")) for a in alarms(dev)
+    }
+    assert ("Duetime", "NotificationDeadLettered", "Sum", 1) in found
+    notifier = logical_id(dev, dev.stack.functions.functions["notifier"])
+    assert any(
+        a.get("MetricName") == "Errors" and ref_id(a["Dimensions"][0]["Value"]) == notifier
+        for a in alarms(dev)
+    )
 
 
 def test_the_finish_function_is_a_destination_of_this_accounts_functions_and_an_output(
@@ -767,9 +901,14 @@ def test_every_queue_has_an_age_alarm_and_every_dead_letter_queue_a_depth_alarm(
             watched.setdefault(a["MetricName"], set()).add(ref_id(dim["Value"]))
 
     assert watched["ApproximateAgeOfOldestMessage"] == {logical_id(dev, q.queue(t)) for t in ALL_TIERS}
+    # the notifications queue holds wake-ups delayed up to 15 minutes by design: its DLQ is watched, and the
+    # deliveries given up on (test_notifications_dead_letters_and_the_notifiers_errors_are_alarmed)
     assert watched["ApproximateNumberOfMessagesVisible"] == {
         logical_id(dev, q.dead_letter_queue(t)) for t in ALL_TIERS
-    } | {logical_id(dev, dev.stack.archive.dead_letter_queue)}
+    } | {
+        logical_id(dev, dev.stack.archive.dead_letter_queue),
+        logical_id(dev, dev.stack.notifications.dead_letter_queue),
+    }
 
 
 def test_alarms_notify_an_encrypted_topic(dev: Synthesized) -> None:

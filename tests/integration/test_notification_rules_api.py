@@ -240,3 +240,20 @@ def test_deliveries_of_another_tenants_job_are_a_404(api: ModuleType) -> None:
     assert (status, page) == (200, {"events": [], "next_token": None})
     status, answer, _ = call(api, "GET", f"/jobs/{job['job_id']}/deliveries", query={"next_token": "garbage"})
     assert status == 400 and answer["error"]["field"] == "next_token"
+
+
+def test_a_topic_of_another_account_is_a_400_naming_it_and_one_of_this_account_is_kept(
+    api: ModuleType, deps: Deps
+) -> None:
+    # Given a deployment in account 111122223333 (the stack sets DUETIME_AWS_ACCOUNT_ID)
+    deps.settings = deps.settings.model_copy(update={"aws_account_id": "111122223333"})
+    theirs = {"on": ["failed"], "sns_topic_arn": "arn:aws:sns:us-east-1:999988887777:alerts"}
+    ours = {"on": ["failed"], "sns_topic_arn": "arn:aws:sns:us-east-1:111122223333:alerts"}
+    for method, path, key in (("POST", "/jobs", "notifications"), ("PUT", "/tenants/me/notifications", None)):
+        body = {**JOB, "notifications": [ours, theirs]} if key else {"notifications": [ours, theirs]}
+        status, answer, _ = call(api, method, path, body)
+        assert (status, answer["error"]["field"]) == (400, "notifications.1.sns_topic_arn"), answer
+        assert "111122223333" in answer["error"]["message"]
+        status, answer, _ = call(api, method, path, {**body, "notifications": [ours]})
+        assert status in (200, 201), answer
+        assert answer["notifications"] == [ours]

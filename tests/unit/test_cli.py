@@ -141,13 +141,26 @@ def test_import_dry_run_with_invalid_lines_lists_the_rest_and_exits_2(tmp_path: 
     )
 
 
-def test_import_notes_that_mailto_is_kept_but_not_mailed() -> None:
+def test_import_notes_that_a_mailto_to_local_users_gives_no_rule() -> None:
     result = runner.invoke(app, ["import", "crontab", str(CRONTABS / "munin-node"), "--system", "--dry-run"])
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == [
-        f"{CRONTABS / 'munin-node'}: note: MAILTO is kept as an environment variable of the jobs, but Duetime "
-        "does not mail their output (yet): read it with `duetime runs logs RUN_ID`"
+        f"{CRONTABS / 'munin-node'}: note: MAILTO names local users (root), whom Duetime cannot mail: their "
+        "jobs get no email rule (set MAILTO to email addresses); output is kept as each run's log "
+        "(`duetime runs logs RUN_ID`)"
     ]
+    assert "mails:" not in result.stdout
+
+
+def test_import_dry_run_shows_the_email_rule_of_a_mailto(tmp_path: Path) -> None:
+    crontab = tmp_path / "mailed"
+    crontab.write_text("MAILTO=ops@example.com, dba@example.com\n0 1 * * * /bin/backup\n")
+    result = runner.invoke(app, ["import", "crontab", str(crontab), "--dry-run"])
+    assert result.exit_code == 0 and result.stderr == "", result.output
+    assert (
+        "    mails: ops@example.com, dba@example.com on failed, dead_lettered, timed_out, recovered"
+        in result.stdout.splitlines()
+    )
 
 
 def test_import_without_mailto_has_no_note_and_an_empty_mailto_needs_none(tmp_path: Path) -> None:

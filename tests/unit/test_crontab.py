@@ -7,8 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from duetime.domain.crontab import CrontabImport, parse_crontab, split_percent, stable_job_id
+from duetime.domain.crontab import (
+    MAILTO_EVENTS,
+    CrontabImport,
+    Mailto,
+    mailto_rules,
+    parse_crontab,
+    split_percent,
+    stable_job_id,
+)
 from duetime.domain.errors import ScheduleError
+from duetime.domain.models import NotificationRule
 from duetime.domain.schedules import parse_schedule
 
 CRONTABS = Path(__file__).resolve().parents[1] / "data" / "crontabs"
@@ -334,3 +343,55 @@ def test_identical_lines_of_one_file_get_distinct_ids_since_cron_runs_each() -> 
     assert first.job_id != second.job_id
     again = parse_crontab("*/5 * * * * ping-it\n*/5 * * * * ping-it\n", source="/f").entries
     assert [e.job_id for e in again] == [first.job_id, second.job_id]
+
+
+# --------------------------------------------------------------------------------------------------
+# MAILTO -> an email notification rule
+# --------------------------------------------------------------------------------------------------
+
+
+def test_mailto_addresses_become_one_email_rule_on_failures_and_recovery() -> None:
+    # Given a crontab mailing two addresses (commas and spaces, as cronie reads them)
+    [entry] = parse_crontab("MAILTO=ops@example.com, dba@example.com\n0 1 * * * /bin/backup\n").entries
+    # Then its job gets one rule on failed, dead_lettered, timed_out and recovered to both
+    assert mailto_rules(entry.env) == Mailto(
+        rules=[
+            {
+                "on": ["failed", "dead_lettered", "timed_out", "recovered"],
+                "email": ["ops@example.com", "dba@example.com"],
+            }
+        ]
+    )
+    # And the rule is one the API accepts
+    NotificationRule.model_validate(mailto_rules(entry.env).rules[0])
+
+
+def test_an_empty_or_absent_mailto_gives_no_rule() -> None:
+    for text in ('MAILTO=""\n0 1 * * * /bin/ok\n', "0 1 * * * /bin/ok\n"):
+        [entry] = parse_crontab(text).entries
+        assert mailto_rules(entry.env) == Mailto()
+
+
+def test_a_mailto_to_a_local_user_gives_no_rule_and_names_the_user() -> None:
+    # Given Debian's munin-node file (MAILTO=root: cron's local mailer)
+    [entry] = load("munin-node").entries
+    assert mailto_rules(entry.env) == Mailto(rules=[], local_users=["root"])
+
+
+def test_each_entry_takes_the_mailto_above_it() -> None:
+    text = "MAILTO=a@example.com\n0 1 * * * /bin/one\nMAILTO=\n0 2 * * * /bin/two\nMAILTO=b@example.com root\n0 3 * * * /bin/three\n"
+    one, two, three = parse_crontab(text).entries
+    assert [r["email"] for r in mailto_rules(one.env).rules] == [["a@example.com"]]
+    assert mailto_rules(two.env) == Mailto()
+    assert mailto_rules(three.env) == Mailto(
+        rules=[{"on": list(MAILTO_EVENTS), "email": ["b@example.com"]}], local_users=["root"]
+    )
+
+
+def test_a_long_mailto_is_split_into_rules_of_ten_addresses() -> None:
+    addresses = [f"u{i}@example.com" for i in range(12)]
+    [entry] = parse_crontab(f"MAILTO={','.join(addresses)}\n0 1 * * * /bin/ok\n").entries
+    rules = mailto_rules(entry.env).rules
+    assert [r["email"] for r in rules] == [addresses[:10], addresses[10:]]
+    for rule in rules:
+        NotificationRule.model_validate(rule)

@@ -334,7 +334,7 @@ def import_crontab(
 
     from duetime.cli.client import ApiError, Client
     from duetime.domain.api_models import CreateJobRequest
-    from duetime.domain.crontab import CrontabEntry, parse_crontab
+    from duetime.domain.crontab import CrontabEntry, mailto_rules, parse_crontab
     from duetime.domain.errors import ScheduleError
     from duetime.services.jobs import preview_schedule
 
@@ -344,6 +344,8 @@ def import_crontab(
             f"line {entry.line}: {entry.name}: `{entry.schedule}` {entry.timezone}{who}: {entry.command}"
         )
         typer.echo(f"    next: {', '.join(fires)}")
+        for rule in mailto_rules(entry.env).rules:
+            typer.echo(f"    mails: {', '.join(rule['email'])} on {', '.join(rule['on'])}")  # type: ignore[arg-type]
 
     def differences(job: dict[str, Any], body: dict[str, Any]) -> list[str]:
         """The fields in which a job already there differs from what this line would create."""
@@ -378,6 +380,9 @@ def import_crontab(
             "schedule": {"expression": entry.schedule, "timezone": entry.timezone},
             "task": {"kind": "container", "command": entry.argv, "env": entry.env, "stdin": entry.stdin},
         }
+        mailto = mailto_rules(entry.env)
+        if mailto.rules:  # MAILTO's addresses: alerted on failures and recovery (domain.crontab.mailto_rules)
+            body["notifications"] = mailto.rules
         try:
             preview = preview_schedule(entry.schedule, entry.timezone, after=now, anchor=now, count=3)
             CreateJobRequest.model_validate(body)  # what the API would refuse is refused here, up front
@@ -394,10 +399,12 @@ def import_crontab(
     for skipped in parsed.skipped:
         if skipped.kind != "invalid":
             typer.echo(f"{where}:{skipped.line}: skipped: {skipped.reason}: {skipped.text}", err=True)
-    if any(entry.env.get("MAILTO") for entry, _, _ in planned):
+    local_users = sorted({u for entry, _, _ in planned for u in mailto_rules(entry.env).local_users})
+    if local_users:
         typer.echo(
-            f"{where}: note: MAILTO is kept as an environment variable of the jobs, but Duetime does not "
-            "mail their output (yet): read it with `duetime runs logs RUN_ID`",
+            f"{where}: note: MAILTO names local users ({', '.join(local_users)}), whom Duetime cannot mail: "
+            "their jobs get no email rule (set MAILTO to email addresses); output is kept as each run's log "
+            "(`duetime runs logs RUN_ID`)",
             err=True,
         )
     if dry_run or invalid:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
     from duetime.domain.models import Run
+    from duetime.domain.notifications import RunSnapshot
     from duetime.domain.ports import IdempotencyPersistence, LambdaInvoker
 
 # The adapters are imported by the function that picks them: a process on the embedded backend (a local
@@ -31,6 +32,7 @@ __all__ = [
     "deps_from_settings",
     "lambda_invoker",
     "sqlite_deps",
+    "stream_change_decoder",
     "stream_run_decoder",
 ]
 
@@ -64,6 +66,22 @@ def deps_from_settings(settings: Settings, clock: Clock | None = None) -> Deps:
 
     queues = SqsQueues(settings.queue_urls)
     arn = settings.timeout_state_machine_arn
+    notify = None
+    if settings.notifications_table and settings.notifications_queue_url:
+        from duetime.adapters.aws.notifications import DynamoNotifications, SnsTopics, SqsNotifierQueue
+        from duetime.adapters.http.webhooks import HttpWebhooks
+
+        queue = SqsNotifierQueue(settings.notifications_queue_url)
+        notify = NotifyPorts(
+            store=DynamoNotifications(
+                settings.notifications_table,
+                retention_days=max(settings.run_retention_days, settings.failed_run_retention_days),
+            ),
+            outbox=queue,
+            webhooks=HttpWebhooks(allow_private=settings.notify_allow_private),
+            sns=SnsTopics(settings.email_topic_prefix),
+            wakeups=queue,
+        )
     return Deps(
         settings=settings,
         store=store,
@@ -74,6 +92,7 @@ def deps_from_settings(settings: Settings, clock: Clock | None = None) -> Deps:
         idempotency=_dynamodb_idempotency(settings.idempotency_table),
         unreachable=aws.unreachable,
         archive=S3Archive(settings.archive_bucket) if settings.archive_bucket else None,
+        notify=notify,
     )
 
 
@@ -154,6 +173,13 @@ def stream_run_decoder() -> Callable[[Mapping[str, Any]], Run]:
     from duetime.adapters.aws.dynamodb import run_from_stream_image
 
     return run_from_stream_image
+
+
+def stream_change_decoder() -> Callable[[Mapping[str, Any]], tuple[RunSnapshot | None, RunSnapshot] | None]:
+    """How the notifier reads a run change from a runs-table stream record (None: not a run's change)."""
+    from duetime.adapters.aws.notifications import change_of_stream_record
+
+    return change_of_stream_record
 
 
 def lambda_invoker() -> LambdaInvoker:

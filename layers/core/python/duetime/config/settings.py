@@ -113,6 +113,8 @@ class Settings(BaseModel):
     notifications_table: str | None = None
     notifications_queue_url: str | None = None
     email_topic_prefix: str = "duetime-email"
+    #: AWS: the account the stack runs in; a rule's ``sns_topic_arn`` must name a topic of it (unset: any)
+    aws_account_id: str | None = None
 
     @property
     def retention(self) -> RetentionPolicy:
@@ -209,6 +211,7 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_NOTIFICATIONS_TABLE": "notifications_table",
     "DUETIME_NOTIFICATIONS_QUEUE_URL": "notifications_queue_url",
     "DUETIME_EMAIL_TOPIC_PREFIX": "email_topic_prefix",
+    "DUETIME_AWS_ACCOUNT_ID": "aws_account_id",
 }
 
 

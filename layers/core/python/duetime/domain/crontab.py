@@ -370,3 +370,47 @@ def parse_crontab(
             )
         )
     return CrontabImport(entries=entries, skipped=skipped)
+
+
+# ---- MAILTO -> a notification rule ----------------------------------------------------------------------
+#: the events an imported ``MAILTO`` mails (:func:`mailto_rules`)
+MAILTO_EVENTS = ("failed", "dead_lettered", "timed_out", "recovered")
+#: addresses per rule (``models.MAX_EMAILS``): a longer ``MAILTO`` gives several rules
+_EMAILS_PER_RULE = 10
+
+
+@dataclass(frozen=True)
+class Mailto:
+    """What an entry's ``MAILTO`` becomes.
+
+    Attributes:
+        rules: email notification rules (JSON-ready, as a job's ``notifications`` takes them); empty for
+            no ``MAILTO``, ``MAILTO=""`` or only local users.
+        local_users: recipients without ``@`` (``root``): cron hands them to the machine's local mailer,
+            which Duetime has not; they get no rule.
+    """
+
+    rules: list[dict[str, object]] = field(default_factory=list)
+    local_users: list[str] = field(default_factory=list)
+
+
+def mailto_rules(env: dict[str, str]) -> Mailto:
+    """The email rules of an entry's ``MAILTO`` (``MAILTO=a@b,c@d``: recipients split on commas and
+    spaces, as cronie reads them; ``MAILTO=""`` or no ``MAILTO``: none).
+
+    Cron mails a job's output after each run that printed something, success or not. Duetime keeps every
+    run's output as its log (``duetime runs logs``) and alerts the owner when something needs them, so
+    the rule is on ``failed`` (an attempt failed: the first of a failing streak, noise control holds the
+    rest), ``dead_lettered`` (the run gave up: every attempt failed), ``timed_out`` (an attempt ran past its
+    timeout, which cron has no notion of) and ``recovered`` (the first success after the streak, so the
+    owner knows it is over). Not ``late``, ``missed`` or ``overran``: cron says nothing of those, and an
+    imported job sets no ``late_after_seconds`` or ``expected_duration_seconds``.
+    """
+    recipients = [r for r in re.split(r"[\s,]+", env.get("MAILTO", "")) if r]
+    addresses = list(dict.fromkeys(r for r in recipients if "@" in r))
+    local = [r for r in recipients if "@" not in r]
+    rules: list[dict[str, object]] = [
+        {"on": list(MAILTO_EVENTS), "email": addresses[i : i + _EMAILS_PER_RULE]}
+        for i in range(0, len(addresses), _EMAILS_PER_RULE)
+    ]
+    return Mailto(rules=rules, local_users=local)

@@ -14,10 +14,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from duetime.domain.models import (
     FAILURE_EVENTS,
@@ -257,6 +257,8 @@ def derive_events(old: RunSnapshot | None, new: RunSnapshot) -> list[RunSignal]:
         if (new.error or "") in MISSED_REASONS:
             out.append(signal(EventType.MISSED.value))
         return out
+    if new.state not in EVENT_STATES:
+        return out
     if new.state in ("RETRY_WAIT", "FAILED", "TIMED_OUT"):
         ended = dict(new.last_attempt or {})
         state = str(ended.get("state") or new.state)
@@ -284,6 +286,83 @@ def _instant(value: Any) -> datetime | None:
     if value is None or isinstance(value, datetime):
         return value
     return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+#: the run states a change to which may give an event (:func:`derive_events`); a change to another state
+#: gives none unless it inserts a run with ``missed_slots`` (the AWS stream's filter is built from these)
+EVENT_STATES = ("SUCCEEDED", "FAILED", "TIMED_OUT", "SKIPPED", "RETRY_WAIT")
+
+
+def snapshot_of(data: Mapping[str, Any]) -> RunSnapshot:
+    """A :class:`RunSnapshot` of a run row's fields: the embedded outbox's projection (its last ended
+    attempt as ``last_attempt``, JSON text or a mapping) or a whole row, e.g. a runs-table stream image
+    (its ``attempts`` list, the last one taken). Instants are ISO text or datetimes.
+
+    Raises:
+        KeyError, ValueError: ``data`` is not a run row (no ``job_id``, no ISO ``due_at``).
+    """
+    due = _instant(data["due_at"])
+    if due is None:
+        raise ValueError("a run row needs a due_at")
+    last = data.get("last_attempt")
+    if isinstance(last, str):
+        last = json.loads(last)
+    if last is None and isinstance(data.get("attempts"), list) and data["attempts"]:
+        last = data["attempts"][-1]
+    return RunSnapshot(
+        job_id=str(data["job_id"]),
+        due_at=due,
+        tenant=str(data.get("tenant") or ""),
+        state=str(data.get("state") or ""),
+        attempt=int(data.get("attempt") or 1),
+        dead_lettered=bool(data.get("dead_lettered")),
+        error=data.get("error"),
+        exit_code=data.get("exit_code"),
+        missed_slots=int(data.get("missed_slots") or 0),
+        started_at=_instant(data.get("started_at")),
+        finished_at=_instant(data.get("finished_at")),
+        last_attempt=last if isinstance(last, Mapping) else None,
+    )
+
+
+def signal_to_doc(signal: RunSignal) -> dict[str, Any]:
+    """``signal`` as JSON-ready fields (the outbox's and the notifications queue's message body)."""
+    return {
+        "kind": signal.kind,
+        "job_id": signal.job_id,
+        "due_at": to_iso(signal.due_at),
+        "tenant": signal.tenant,
+        "attempt": signal.attempt,
+        "state": signal.state,
+        "reason": signal.reason,
+        "exit_code": signal.exit_code,
+        "started_at": to_iso(signal.started_at) if signal.started_at else None,
+        "finished_at": to_iso(signal.finished_at) if signal.finished_at else None,
+        "count": signal.count,
+    }
+
+
+def signal_of(doc: Mapping[str, Any]) -> RunSignal:
+    """The signal :func:`signal_to_doc` wrote.
+
+    Raises:
+        KeyError, ValueError: a field is missing or malformed."""
+    due = _instant(doc["due_at"])
+    if due is None:
+        raise ValueError("a signal needs a due_at")
+    return RunSignal(
+        kind=str(doc["kind"]),
+        job_id=str(doc["job_id"]),
+        due_at=due,
+        tenant=str(doc["tenant"]),
+        attempt=int(doc["attempt"]),
+        state=str(doc["state"]),
+        reason=doc.get("reason"),
+        exit_code=doc.get("exit_code"),
+        started_at=_instant(doc.get("started_at")),
+        finished_at=_instant(doc.get("finished_at")),
+        count=int(doc.get("count") or 1),
+    )
 
 
 # ---- noise control ---------------------------------------------------------------------------------------
@@ -495,3 +574,38 @@ def delivery_backoff(tries: int, *, base: float, cap: float, unit: float) -> flo
     ``uniform(c/2, c)`` (``unit`` in [0, 1) picks it) with ``c = min(cap, base * 2^(tries-1))``."""
     ceiling = min(cap, base * (2.0 ** min(tries - 1, 40)))
     return ceiling / 2 + unit * ceiling / 2
+
+
+# ---- the notifier's queue (AWS) ----------------------------------------------------------------------------
+class DeliveryRef(BaseModel):
+    """Which delivery a wake-up is for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: Annotated[str, Field(min_length=1, max_length=256)]
+    delivery_id: Annotated[str, Field(min_length=1, max_length=256)]
+    #: the tries the delivery had when this wake-up was sent: a wake-up for another count is stale (a
+    #: duplicate of an earlier one) and is dropped, so a delivery has one chain of tries
+    tries: Annotated[int, Field(ge=0)] | None = None
+
+
+class NotifierMessage(BaseModel):
+    """A message of the notifications queue: the sweeper's ``late``/``overran`` ``signal``
+    (:func:`signal_to_doc`'s fields) or the ``wake`` of a delivery whose next try is due."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    signal: dict[str, Any] | None = None
+    wake: DeliveryRef | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> NotifierMessage:
+        if (self.signal is None) == (self.wake is None):
+            raise ValueError("needs exactly one of signal, wake")
+        return self
+
+    @classmethod
+    def wake_for(cls, delivery: Delivery) -> NotifierMessage:
+        return cls(
+            wake=DeliveryRef(job_id=delivery.job_id, delivery_id=delivery.delivery_id, tries=delivery.tries)
+        )

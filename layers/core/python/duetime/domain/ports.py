@@ -550,7 +550,12 @@ class NotificationStore(Protocol):
     def get_delivery(self, job_id: str, delivery_id: str) -> Delivery | None: ...
 
     def save_delivery(self, delivery: Delivery) -> None:
-        """Write the delivery's new status, attempts and next try."""
+        """Write the delivery's new status, attempts and next try.
+
+        Raises:
+            ConflictError: (a store with concurrent notifiers: DynamoDB) another try of the delivery was
+                saved since this one's was read; nothing written.
+        """
 
     def list_events(
         self, job_id: str, *, limit: int, page_token: str | None = None
@@ -580,3 +585,6 @@ class SnsPublisher(Protocol):
     ) -> None: ...
 
     def publish_email(self, tenant: str, address: str, *, subject: str, message: str) -> None: ...
+
+    def subscribe_email(self, tenant: str, address: str) -> None:
+        """Subscribe ``address`` to ``tenant``'s email alerts (nothing if it is already)."""

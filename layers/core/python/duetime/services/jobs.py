@@ -110,7 +110,9 @@ def create_job(request: CreateJobRequest, *, tenant: str, deps: Deps) -> Job:
         starting_deadline_seconds=request.starting_deadline_seconds,
         late_after_seconds=request.late_after_seconds,
         expected_duration_seconds=request.expected_duration_seconds,
-        notifications=prepare_rules([], request.notifications, field="notifications", deps=deps),
+        notifications=prepare_rules(
+            [], request.notifications, field="notifications", deps=deps, tenant=tenant
+        ),
         inherit_tenant_notifications=request.inherit_tenant_notifications,
         mute_until=request.mute_until,
         state=JobState.ACTIVE,
@@ -492,7 +494,9 @@ def update_job(job_id: str, request: UpdateJobRequest, *, tenant: str, deps: Dep
     changes = merge_patch(job, patch)
     if request.notifications is not None:
         # replaced whole; write-only secrets sent as "set" are kept, a new one rotates the stored one
-        rules = prepare_rules(job.notifications, request.notifications, field="notifications", deps=deps)
+        rules = prepare_rules(
+            job.notifications, request.notifications, field="notifications", deps=deps, tenant=tenant
+        )
         changes["notifications"] = [rule.model_dump() for rule in rules]
     now = truncate_ms(deps.clock.now())
     merged = {**job.model_dump(), **changes, "updated_at": now, "version": job.version + 1}

@@ -2,8 +2,10 @@
 event, and delivers it at least once (docs/design/notifications.md). Never on the hot path: it reads the
 change feed (the embedded store's outbox; the runs table's stream on AWS) and the sweeper's signals.
 
-- :func:`process_changes` (the local stack's loop) reads the feed by cursor; :func:`handle_change` and
-  :func:`handle_signal` are what the AWS notifier Lambda calls per stream record or queue message;
+- :func:`process_changes` (the local stack's loop) reads the feed by cursor and calls :func:`handle_change`
+  per run change; the AWS notifier Lambda calls the same :func:`handle_change` per stream record of the runs
+  table, and :func:`handle_message` per message of the notifications queue (a ``late``/``overran`` signal,
+  or a delivery's wake-up);
 - :func:`deliver_due` / :func:`attempt_delivery` make the tries: each delivery is retried with doubling
   backoff and equal jitter until ``notify_window_seconds`` (a day) has passed since its event, then
   dead-lettered;
@@ -18,9 +20,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import ValidationError
+from aws_lambda_powertools.utilities.parser.models import SqsRecordModel
+from pydantic import Json, ValidationError
 
-from duetime.config.observability import logger
+from duetime.config.observability import emit_metric, logger
 from duetime.domain.errors import NotFoundError, RequestFieldError
 from duetime.domain.models import EventType, Job, NotificationRule
 from duetime.domain.notifications import (
@@ -29,6 +32,7 @@ from duetime.domain.notifications import (
     Delivery,
     DeliveryAttempt,
     NotificationEvent,
+    NotifierMessage,
     RunSignal,
     RunSnapshot,
     SecretMissingError,
@@ -40,12 +44,15 @@ from duetime.domain.notifications import (
     derive_events,
     event_body,
     event_id,
+    signal_of,
     signature_header,
 )
 from duetime.services.deps import Deps, NotifyPorts
 
 #: a delivery try whose error starts with this is refused for good (an SSRF-forbidden address)
 REFUSED = "refused: "
+#: the metric of a delivery given up on (the stack's alarm watches it)
+DELIVERY_DEAD_LETTERED = "NotificationDeadLettered"
 #: feed entries read per batch, deliveries tried per pass
 FEED_BATCH = 100
 DELIVERY_BATCH = 50
@@ -59,15 +66,25 @@ def _ports(deps: Deps) -> NotifyPorts:
 
 # ---- rules -------------------------------------------------------------------------------------------
 def prepare_rules(
-    stored: Sequence[NotificationRule], sent: Sequence[NotificationRule], *, field: str, deps: Deps
+    stored: Sequence[NotificationRule],
+    sent: Sequence[NotificationRule],
+    *,
+    field: str,
+    deps: Deps,
+    tenant: str | None = None,
 ) -> list[NotificationRule]:
     """``sent`` rules as they are to be stored: each webhook URL checked (HTTPS, no forbidden address;
     the local stack's rules on the embedded backend), secrets sent as ``"set"`` kept from ``stored``, a new
-    secret for a stored URL rotated (the old one signs too for 24 h).
+    secret for a stored URL rotated (the old one signs too for 24 h); an ``sns_topic_arn`` must be in the
+    deployment's account (``aws_account_id``, when set: the notifier may publish to no other). Given the
+    ``tenant``, each email address is subscribed to the tenant's email topic now
+    (:func:`subscribe_addresses`), so it confirms before its first alert.
 
     Raises:
-        RequestFieldError: naming the rule's field (``<field>.<i>.webhook.url`` or ``...secret``).
+        RequestFieldError: naming the rule's field (``<field>.<i>.webhook.url``, ``...secret`` or
+            ``<field>.<i>.sns_topic_arn``).
     """
+    account = deps.settings.aws_account_id
     for index, rule in enumerate(sent):
         if rule.webhook is not None:
             try:
@@ -75,11 +92,33 @@ def prepare_rules(
             except ValueError as exc:
                 name = f"{field}.{index}.webhook.url"
                 raise RequestFieldError(f"{name}: {exc}", name) from None
+        if rule.sns_topic_arn is not None and account and rule.sns_topic_arn.split(":")[4] != account:
+            name = f"{field}.{index}.sns_topic_arn"
+            raise RequestFieldError(
+                f"{name}: must be a topic of this deployment's account ({account}); "
+                "publish to another account's topic from a topic of this one",
+                name,
+            )
     try:
-        return carry_secrets(stored, sent, deps.clock.now())
+        rules = carry_secrets(stored, sent, deps.clock.now())
     except SecretMissingError as exc:
         name = f"{field}.{exc.index}.webhook.secret"
         raise RequestFieldError(f"{name}: {exc}", name) from None
+    if tenant is not None:
+        subscribe_addresses(tenant, rules, deps)
+    return rules
+
+
+def subscribe_addresses(tenant: str, rules: Sequence[NotificationRule], deps: Deps) -> None:
+    """Subscribe the email addresses of ``rules`` to ``tenant``'s email topic (SNS mails each new one a
+    confirmation). Best effort: an address not subscribed now is subscribed at its first alert."""
+    if deps.notify is None:
+        return
+    for address in dict.fromkeys(a for rule in rules for a in rule.email or []):
+        try:
+            deps.notify.sns.subscribe_email(tenant, address)
+        except Exception:  # noqa: BLE001 - never fails the request: the first alert subscribes it again
+            logger.warning("email address not subscribed yet", extra={"tenant": tenant}, exc_info=True)
 
 
 def get_tenant_rules(tenant: str, deps: Deps) -> tuple[list[NotificationRule], datetime | None]:
@@ -90,7 +129,7 @@ def put_tenant_rules(tenant: str, sent: Sequence[NotificationRule], deps: Deps) 
     """Replace the tenant's default rules (validated, secrets carried over as :func:`prepare_rules` does)."""
     store = _ports(deps).store
     stored, _ = store.get_tenant_rules(tenant)
-    rules = prepare_rules(stored, sent, field="notifications", deps=deps)
+    rules = prepare_rules(stored, sent, field="notifications", deps=deps, tenant=tenant)
     store.put_tenant_rules(tenant, rules, now=deps.clock.now())
     return rules
 
@@ -191,6 +230,7 @@ def handle_signal(signal: RunSignal, deps: Deps) -> NotificationEvent | None:
         for rule in decision.send
     ]
     if not ports.store.record_event(event, deliveries, decision.incident):
+        _wake_again(event, [rule for _, rule in rules], deps)
         return None
     if ports.wakeups is not None and deliveries:
         ports.wakeups.wake(deliveries, now=now)
@@ -199,6 +239,40 @@ def handle_signal(signal: RunSignal, deps: Deps) -> NotificationEvent | None:
         extra={"event_id": event.event_id, "type": event.type, "job_id": job.job_id, "notified": notified},
     )
     return event
+
+
+def _wake_again(event: NotificationEvent, rules: Sequence[NotificationRule], deps: Deps) -> None:
+    """A duplicate of a recorded event: wake its deliveries still pending again (the first handling may
+    have stopped between recording them and waking them). A wake-up of a delivery not due is re-armed, of
+    one delivered meanwhile dropped; two wake-ups of one try may both post (at least once: the receiver
+    dedupes by event id), and only one of them is saved (``save_delivery``), so one chain of tries goes on."""
+    ports = _ports(deps)
+    if ports.wakeups is None:
+        return
+    found = [
+        ports.store.get_delivery(event.job_id, delivery_id(event.event_id, rule.key))
+        for rule in rules
+        if event.type in rule.on
+    ]
+    pending = [d for d in found if d is not None and d.status == "pending"]
+    if pending:
+        ports.wakeups.wake(pending, now=deps.clock.now())
+
+
+class NotifierMessageRecord(SqsRecordModel):
+    """An SQS record of the notifications queue whose body is a :class:`NotifierMessage` (Powertools parser
+    model). A body that is not one fails the record alone; SQS moves it to the DLQ after its receives."""
+
+    body: Json[NotifierMessage]
+
+
+def handle_message(message: NotifierMessage, deps: Deps) -> None:
+    """One message of the notifications queue (AWS): a ``late``/``overran`` signal the sweeper appended
+    (:func:`handle_signal`), or a delivery's wake-up (:func:`wake_delivery`)."""
+    if message.signal is not None:
+        handle_signal(signal_of(message.signal), deps)
+    elif message.wake is not None:
+        wake_delivery(message.wake.job_id, message.wake.delivery_id, deps, tries=message.wake.tries)
 
 
 def list_deliveries(
@@ -259,6 +333,7 @@ def attempt_delivery(
         window_end = delivery.created_at + timedelta(seconds=settings.notify_window_seconds)
         if (attempt.error or "").startswith(REFUSED) or next_at > window_end:
             update |= {"status": "dead_lettered", "next_attempt_at": None, "finished_at": now}
+            emit_metric(DELIVERY_DEAD_LETTERED)
             logger.warning(
                 "notification delivery dead-lettered",
                 extra={
@@ -276,13 +351,17 @@ def attempt_delivery(
     return saved
 
 
-def wake_delivery(job_id: str, delivery_id: str, deps: Deps) -> Delivery | None:
+def wake_delivery(job_id: str, delivery_id: str, deps: Deps, *, tries: int | None = None) -> Delivery | None:
     """A wake-up for one delivery (the AWS notifier's queue message): try it if it is pending and due; one
-    woken early (a backoff longer than the queue's 15-minute delay) is woken again for its time. The
-    delivery after it, or None if there is nothing to try (delivered meanwhile, gone)."""
+    woken early (a backoff longer than the queue's 15-minute delay) is woken again for its time. A wake-up
+    sent when the delivery had another count of ``tries`` is stale (a duplicate) and dropped. The delivery
+    after it, or None if there is nothing to try (delivered meanwhile, gone, a stale wake-up)."""
     ports = _ports(deps)
     delivery = ports.store.get_delivery(job_id, delivery_id)
     if delivery is None or delivery.status != "pending" or delivery.next_attempt_at is None:
+        return None
+    if tries is not None and tries != delivery.tries:
+        logger.info("stale delivery wake-up dropped", extra={"delivery_id": delivery_id, "tries": tries})
         return None
     now = deps.clock.now()
     if delivery.next_attempt_at > now + timedelta(seconds=1):

@@ -84,6 +84,21 @@ RUNS_TTL_ATTRIBUTE = "expires_at"
 IDEMPOTENCY_PK = "id"
 IDEMPOTENCY_TTL_ATTRIBUTE = "expiration"
 
+# --- notifications table (docs/design/notifications.md) ------------------------------------------------
+#: pk ``pk``, sk ``sk`` (both strings): every item of a job under ``pk = job#<job_id>`` (its incident, its
+#: events, their deliveries and each event id's "seen" marker), a tenant's default rules under
+#: ``pk = tenant#<tenant>``, ``sk = rules`` (items of adapters/aws/notifications.py).
+NOTIFICATIONS_PK = "pk"
+NOTIFICATIONS_SK = "sk"
+#: due-deliveries GSI: (due_shard, next_attempt_at); sparse: only pending deliveries carry ``due_shard``
+#: (crc32 of the delivery id mod :data:`DELIVERY_DUE_SHARDS`, so writes spread over that many partitions).
+DELIVERY_DUE_INDEX = "due_deliveries"
+DELIVERY_DUE_INDEX_PK = "due_shard"
+DELIVERY_DUE_INDEX_SK = "next_attempt_at"
+DELIVERY_DUE_SHARDS = 4
+#: TTL attribute of events and deliveries (epoch seconds): kept as long as failed runs are.
+NOTIFICATIONS_TTL_ATTRIBUTE = "expires_at"
+
 # --- queues -----------------------------------------------------------------------------------------------
 #: SQS caps DelaySeconds at 900 (15 minutes).
 SQS_MAX_DELAY_SECONDS = MAX_MESSAGE_DELAY_SECONDS
@@ -107,6 +122,11 @@ class ResourceNames(BaseModel):
     idempotency_table: str = ""
     #: the run archive (domain/archive.py)
     archive_bucket: str = ""
+    #: the notifier's table (events, deliveries, incidents, tenants' rules) and its queue (the sweeper's
+    #: late/overran signals and each delivery's wake-ups) with its dead-letter queue
+    notifications_table: str = ""
+    notifications_queue: str = ""
+    notifications_dead_letter_queue: str = ""
 
     @classmethod
     def for_prefix(cls, prefix: str) -> ResourceNames:
@@ -119,6 +139,9 @@ class ResourceNames(BaseModel):
             dead_letter_queues={tier: f"{prefix}-{tier}-dlq" for tier in ALL_TIERS},
             idempotency_table=f"{prefix}-idempotency",
             archive_bucket=f"{prefix}-archive",
+            notifications_table=f"{prefix}-notifications",
+            notifications_queue=f"{prefix}-notifications",
+            notifications_dead_letter_queue=f"{prefix}-notifications-dlq",
         )
 
 
@@ -225,6 +248,59 @@ def idempotency_table_definition(name: str) -> dict[str, Any]:
     }
 
 
+def notifications_table_definition(name: str) -> dict[str, Any]:
+    """``dynamodb.create_table`` arguments for the notifications table (on-demand, TTL set separately)."""
+    return {
+        "TableName": name,
+        "BillingMode": "PAY_PER_REQUEST",
+        "KeySchema": [
+            {"AttributeName": NOTIFICATIONS_PK, "KeyType": "HASH"},
+            {"AttributeName": NOTIFICATIONS_SK, "KeyType": "RANGE"},
+        ],
+        "AttributeDefinitions": [
+            {"AttributeName": NOTIFICATIONS_PK, "AttributeType": "S"},
+            {"AttributeName": NOTIFICATIONS_SK, "AttributeType": "S"},
+            {"AttributeName": DELIVERY_DUE_INDEX_PK, "AttributeType": "N"},
+            {"AttributeName": DELIVERY_DUE_INDEX_SK, "AttributeType": "S"},
+        ],
+        "GlobalSecondaryIndexes": [
+            {
+                "IndexName": DELIVERY_DUE_INDEX,
+                "KeySchema": [
+                    {"AttributeName": DELIVERY_DUE_INDEX_PK, "KeyType": "HASH"},
+                    {"AttributeName": DELIVERY_DUE_INDEX_SK, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            }
+        ],
+    }
+
+
+#: The notifications queue: a message is received this many times before it is dead-lettered. A delivery's
+#: own retries (about a day, with backoff) are separate messages, each received once when all goes well;
+#: this counts the notifier's failures to handle one message (its table or SNS unreachable).
+NOTIFICATIONS_MAX_RECEIVE_COUNT = 10
+#: The notifier's timeout, seconds: a batch of :data:`NOTIFIER_QUEUE_BATCH` wake-ups, each one webhook try
+#: of at most 60 s (``notify_timeout_seconds``' cap), fits in it; the queue's visibility timeout is 6 times
+#: it (AWS's rule for an SQS event source).
+NOTIFIER_TIMEOUT_SECONDS = 300
+NOTIFIER_QUEUE_BATCH = 4
+NOTIFICATIONS_VISIBILITY_SECONDS = 6 * NOTIFIER_TIMEOUT_SECONDS
+
+
+def notifications_queue_attributes(dead_letter_arn: str) -> dict[str, str]:
+    """``sqs.create_queue`` attributes of the notifications queue (redrive to ``dead_letter_arn``)."""
+    import json
+
+    return {
+        "VisibilityTimeout": str(NOTIFICATIONS_VISIBILITY_SECONDS),
+        "MessageRetentionPeriod": str(DLQ_RETENTION_SECONDS),
+        "RedrivePolicy": json.dumps(
+            {"deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": NOTIFICATIONS_MAX_RECEIVE_COUNT}
+        ),
+    }
+
+
 def queue_attributes(dead_letter_arn: str, *, tier: str) -> dict[str, str]:
     """``sqs.create_queue`` attributes of a tier's queue, with its redrive policy to ``dead_letter_arn``."""
     import json
@@ -272,6 +348,13 @@ def create_all(names: ResourceNames, *, session: Any = None) -> dict[str, str]:
             TimeToLiveSpecification={"Enabled": True, "AttributeName": IDEMPOTENCY_TTL_ATTRIBUTE},
         )
 
+    if names.notifications_table and names.notifications_table not in existing:
+        ddb.create_table(**notifications_table_definition(names.notifications_table))
+        ddb.update_time_to_live(
+            TableName=names.notifications_table,
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": NOTIFICATIONS_TTL_ATTRIBUTE},
+        )
+
     s3 = sess.client("s3")
     for bucket in filter(None, (names.logs_bucket, names.archive_bucket)):
         try:
@@ -291,4 +374,24 @@ def create_all(names: ResourceNames, *, session: Any = None) -> dict[str, str]:
         urls[tier] = sqs.create_queue(
             QueueName=names.queues[tier], Attributes=queue_attributes(dlq_arn, tier=tier)
         )["QueueUrl"]
+    if names.notifications_queue:
+        notifications_queue_url(names, session=sess)
     return urls
+
+
+def notifications_queue_url(names: ResourceNames, *, session: Any = None) -> str:
+    """Create the notifications queue and its dead-letter queue if they are not there; the queue's URL."""
+    import boto3
+
+    sqs = (session or boto3.session.Session()).client("sqs")
+    dlq_url = sqs.create_queue(
+        QueueName=names.notifications_dead_letter_queue, Attributes=dead_letter_queue_attributes()
+    )["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    return str(
+        sqs.create_queue(
+            QueueName=names.notifications_queue, Attributes=notifications_queue_attributes(dlq_arn)
+        )["QueueUrl"]
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,9 @@ from duetime.domain.notifications import (
     Incident,
     NotificationEvent,
     RunSignal,
-    RunSnapshot,
+    signal_of,
+    signal_to_doc,
+    snapshot_of,
 )
 from duetime.domain.ports import ChangeEntry
 from duetime.domain.timeutil import to_iso
@@ -33,66 +35,7 @@ EVENT_RETENTION_DAYS = 90
 
 
 def _instant(value: Any) -> datetime | None:
-    if value is None:
-        return None
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-
-
-def snapshot_of(data: Mapping[str, Any]) -> RunSnapshot:
-    """A :class:`RunSnapshot` of the outbox's projection of a run row (or of a stream image's fields)."""
-    due = _instant(data["due_at"])
-    assert due is not None
-    last = data.get("last_attempt")
-    if isinstance(last, str):
-        last = json.loads(last)
-    return RunSnapshot(
-        job_id=str(data["job_id"]),
-        due_at=due,
-        tenant=str(data.get("tenant") or ""),
-        state=str(data.get("state") or ""),
-        attempt=int(data.get("attempt") or 1),
-        dead_lettered=bool(data.get("dead_lettered")),
-        error=data.get("error"),
-        exit_code=data.get("exit_code"),
-        missed_slots=int(data.get("missed_slots") or 0),
-        started_at=_instant(data.get("started_at")),
-        finished_at=_instant(data.get("finished_at")),
-        last_attempt=last if isinstance(last, dict) else None,
-    )
-
-
-def signal_to_doc(signal: RunSignal) -> dict[str, Any]:
-    return {
-        "kind": signal.kind,
-        "job_id": signal.job_id,
-        "due_at": to_iso(signal.due_at),
-        "tenant": signal.tenant,
-        "attempt": signal.attempt,
-        "state": signal.state,
-        "reason": signal.reason,
-        "exit_code": signal.exit_code,
-        "started_at": to_iso(signal.started_at) if signal.started_at else None,
-        "finished_at": to_iso(signal.finished_at) if signal.finished_at else None,
-        "count": signal.count,
-    }
-
-
-def signal_of(doc: Mapping[str, Any]) -> RunSignal:
-    due = _instant(doc["due_at"])
-    assert due is not None
-    return RunSignal(
-        kind=str(doc["kind"]),
-        job_id=str(doc["job_id"]),
-        due_at=due,
-        tenant=str(doc["tenant"]),
-        attempt=int(doc["attempt"]),
-        state=str(doc["state"]),
-        reason=doc.get("reason"),
-        exit_code=doc.get("exit_code"),
-        started_at=_instant(doc.get("started_at")),
-        finished_at=_instant(doc.get("finished_at")),
-        count=int(doc.get("count") or 1),
-    )
+    return None if value is None else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
 
 
 class SqliteNotifications:

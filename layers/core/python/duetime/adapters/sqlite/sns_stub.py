@@ -1,4 +1,5 @@
-"""The local stack's SNS: every publish is appended to a JSON-lines file (nothing leaves the machine)."""
+"""The local stack's SNS: every publish and email subscription is appended to a JSON-lines file (nothing
+leaves the machine)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ class RecordingSns:
 
     def publish_email(self, tenant: str, address: str, *, subject: str, message: str) -> None:
         self._write({"email": address, "tenant": tenant, "subject": subject, "message": message})
+
+    def subscribe_email(self, tenant: str, address: str) -> None:
+        self._write({"subscribe": address, "tenant": tenant})
 
     def records(self) -> list[dict[str, Any]]:
         if not self.path.exists():

@@ -209,6 +209,12 @@ def test_a_public_address_is_allowed() -> None:
         ("https://localhost/x", False, "loopback"),
         ("https://10.0.0.1/x", False, "private"),
         ("https://169.254.169.254/x", True, "link-local"),
+        # the legacy IPv4 forms a resolver reads as 169.254.169.254 (inet_aton)
+        ("https://2852039166/x", True, "2852039166 is 169.254.169.254: .*link-local"),
+        ("https://0xA9FEA9FE/x", True, "link-local"),
+        ("https://0251.0376.0251.0376/x", True, "link-local"),
+        ("https://169.254.43518/x", True, "link-local"),
+        ("https://0x7f000001/x", False, "loopback"),
         ("gopher://hooks.example.com/x", False, "https"),
     ],
 )
@@ -221,6 +227,8 @@ def test_https_anywhere_public_and_http_to_loopback_locally_are_fine() -> None:
     assert check_webhook_url("https://hooks.example.com/x", local=False)
     assert check_webhook_url("http://127.0.0.1:8080/x", local=True)
     assert check_webhook_url("http://localhost:8080/x", local=True)
+    assert check_webhook_url("http://2130706433:8080/x", local=True)  # 127.0.0.1 written as one number
+    assert check_webhook_url("https://deadbeef.example.com/x", local=False)  # a name, not a number
 
 
 # ---- secrets and backoff ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -140,23 +141,33 @@ def check_webhook_url(url: str, *, local: bool) -> str:
         raise ValueError("must be https")
     if host == "localhost" and not local:
         raise ValueError("localhost is a loopback address")
-    if _is_ip(host):
-        why = address_refusal(host, allow_private=local)
+    literal = ip_literal(host)
+    if literal is not None:
+        why = address_refusal(str(literal), allow_private=local)
         if why is not None:
-            raise ValueError(why)
+            raise ValueError(why if str(literal) == host else f"{host} is {literal}: {why}")
     return url
 
 
-def _is_ip(host: str) -> bool:
+def ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address ``host`` is written as, or None for a name: the standard forms, and the legacy IPv4 forms
+    a resolver also reads as an address (inet_aton(3): ``2852039166``, ``0xA9FEA9FE``, ``0251.0376.0251.0376``,
+    ``169.254.43518``), so ``https://2852039166/`` is refused as 169.254.169.254 is."""
     try:
-        ipaddress.ip_address(host)
+        return ipaddress.ip_address(host)
     except ValueError:
-        return False
-    return True
+        pass
+    if not host or any(c not in "0123456789abcdefx." for c in host.lower()):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
 
 
 def _is_loopback_literal(host: str) -> bool:
-    return _is_ip(host) and ipaddress.ip_address(host).is_loopback
+    literal = ip_literal(host)
+    return literal is not None and literal.is_loopback
 
 
 # ---- run changes and the events they give --------------------------------------------------------------

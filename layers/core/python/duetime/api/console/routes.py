@@ -28,6 +28,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from functools import wraps
 from typing import Any, ParamSpec
 from urllib.parse import parse_qsl, quote, urlencode
@@ -46,7 +47,7 @@ from duetime.config.deps import Deps
 from duetime.domain.admission import schedule_of
 from duetime.domain.api_models import JobResponse, RunResponse, UpdateJobRequest, lag_stats, schedule_lag
 from duetime.domain.errors import DuetimeError, NotFoundError
-from duetime.domain.models import Job, JobState, Run, RunState
+from duetime.domain.models import Job, JobState, JobSummary, Run, RunState
 from duetime.services import jobs, slots
 from duetime.services.lag import tenant_lag
 
@@ -63,6 +64,8 @@ JOB_SLOTS = 30
 NEXT_FIRES = 10
 #: most listing Queries run side by side (each job's recent runs)
 READERS = 8
+#: the longest name filter (as ``GET /jobs?name_prefix=``)
+MAX_NAME_FILTER = 128
 #: the fields of a job its edit form shows (the rest of a PATCH body may be added by hand)
 EDITABLE = (
     "name",
@@ -170,14 +173,15 @@ def _path(*parts: str) -> str:
 
 
 # ---- views ---------------------------------------------------------------------------------------------
-def job_row(job: Job, deps: Deps) -> dict[str, Any]:
-    """One line of the jobs list: the job, its next fire, last run and sparkline (one Query of its runs)."""
-    fires, recent = jobs.describe_job(job, deps, previews=1, recent=SPARK_RUNS)
+def job_row(job: JobSummary, deps: Deps, now: datetime) -> dict[str, Any]:
+    """One line of the jobs list: the listed job, its next fire by its schedule, its last run and sparkline
+    (one Query of its recent runs)."""
+    recent = jobs.recent_runs(job.job_id, deps=deps, limit=SPARK_RUNS)
     schedule = schedule_of(job)
     return {
         "job": job,
         "describe": schedule.describe() if schedule is not None else "Once, now",
-        "next_fire": fires[0] if fires else None,
+        "next_fire": jobs.next_fire_of(job, now=now),
         "last": recent[0] if recent else None,
         "spark": r.sparkline([schedule_lag(run) for run in reversed(recent)]),
     }
@@ -206,13 +210,20 @@ def static(name: str) -> Response[str]:
 @router.get("/console/jobs", include_in_schema=False)
 @html_errors
 def jobs_page(deps: ServiceDeps, tenant: Tenant) -> Response[str]:
-    """The jobs list: a page of :data:`PAGE_SIZE` jobs (never the whole listing), newest first."""
+    """The jobs list: a page of :data:`PAGE_SIZE` jobs (never the whole listing), newest first.
+
+    Its reads: one page of the listing index (:func:`duetime.services.jobs.list_job_summaries`: the jobs
+    themselves are not read) and one Query of each listed job's :data:`SPARK_RUNS` most recent runs,
+    :data:`READERS` at a time; nothing else, whatever the tenant holds.
+    """
     query = _query()
     state = query.get("state")
     if state is not None and state not in JobState.__members__:
         return error_page(400, "invalid_field", f"state: not one of {', '.join(JobState)}", "state")
     name = query.get("name")
-    found, token = jobs.list_jobs(
+    if name is not None and len(name) > MAX_NAME_FILTER:
+        return error_page(400, "invalid_field", f"name: at most {MAX_NAME_FILTER} characters", "name")
+    found, token = jobs.list_job_summaries(
         tenant=tenant,
         deps=deps,
         limit=PAGE_SIZE,
@@ -220,11 +231,12 @@ def jobs_page(deps: ServiceDeps, tenant: Tenant) -> Response[str]:
         state=state,
         name_prefix=name,
     )
+    now = deps.clock.now()
     if len(found) > 1:
         with ThreadPoolExecutor(max_workers=min(READERS, len(found))) as pool:
-            rows = list(pool.map(lambda job: job_row(job, deps), found))
+            rows = list(pool.map(lambda job: job_row(job, deps, now), found))
     else:
-        rows = [job_row(job, deps) for job in found]
+        rows = [job_row(job, deps, now) for job in found]
     filters = {k: v for k, v in (("state", state), ("name", name)) if v}
     next_url = f"/console/jobs?{urlencode({**filters, 'next_token': token})}" if token else None
     first_url = f"/console/jobs?{urlencode(filters)}" if query.get("next_token") else None
@@ -238,14 +250,15 @@ def jobs_page(deps: ServiceDeps, tenant: Tenant) -> Response[str]:
         states=list(JobState),
         next_url=next_url,
         first_url=first_url,
-        now=deps.clock.now(),
+        now=now,
     )
 
 
 @router.get("/console/jobs/<job_id>", include_in_schema=False)
 @html_errors
 def job_page(job_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
-    """One job: its schedule in words, its next 10 fires (with DST notes), its slots, its runs."""
+    """One job: its schedule in words, its next 10 fires (with DST notes), its slots, and a page of its runs
+    from its whole history (the hot store and the archive, as ``GET /jobs/{id}/runs``; ``?runs_token=``)."""
     job = jobs.get_job(job_id, tenant=tenant, deps=deps)
     now = deps.clock.now()
     fires, recent = jobs.describe_job(job, deps, previews=NEXT_FIRES, recent=100)
@@ -254,7 +267,10 @@ def job_page(job_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
         fires = schedule.preview(now, NEXT_FIRES)  # the schedule's, once resumed
     zone = job.schedule.timezone if job.schedule is not None else "UTC"
     found_slots, _ = slots.list_slots(job.job_id, tenant=tenant, deps=deps, limit=JOB_SLOTS)
-    runs, runs_token = jobs.query_runs(job.job_id, tenant=tenant, deps=deps, limit=JOB_RUNS)
+    runs_page = _query().get("runs_token")
+    runs, runs_token = jobs.query_history(
+        job.job_id, tenant=tenant, deps=deps, limit=JOB_RUNS, next_token=runs_page
+    )
     return page(
         "job.html",
         nav="jobs",
@@ -266,7 +282,10 @@ def job_page(job_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
         zone=zone,
         slots=found_slots,
         runs=runs,
-        more_runs=runs_token is not None,
+        older_runs_url=_path("jobs", job.job_id) + "?" + urlencode({"runs_token": runs_token}) + "#h-runs"
+        if runs_token
+        else None,
+        newest_runs_url=_path("jobs", job.job_id) + "#h-runs" if runs_page else None,
         actions=_job_actions(job),
         done=_query().get("done"),
         now=now,

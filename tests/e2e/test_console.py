@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.e2e.conftest import FAST, Stack, start_stack, stop_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -44,15 +44,7 @@ HOSTILE = ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>']
 @pytest.fixture(scope="module")
 def console_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = start_stack(
-        tmp_path_factory.mktemp("console"),
-        "--tick-seconds",
-        "1",
-        "--workers",
-        "1",
-        "--tenant",
-        f"alice:{ALICE}",
-        "--tenant",
-        f"bob:{BOB}",
+        tmp_path_factory.mktemp("console"), *FAST, "--tenant", f"alice:{ALICE}", "--tenant", f"bob:{BOB}"
     )
     yield s
     stop_stack(s)
@@ -181,7 +173,7 @@ def raw(
             return None
 
     body = urllib.parse.urlencode(data).encode() if data is not None else None
-    headers = {"Authorization": f"Bearer {token}"}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     if cookie:
         headers["Cookie"] = cookie
     req = urllib.request.Request(stack.api + path, data=body, method=method, headers=headers)
@@ -499,3 +491,93 @@ def test_the_csrf_cookie_is_same_site_strict_and_http_only(console_stack: Stack)
     _, headers, _ = raw(console_stack, "GET", "/console/jobs", token=ALICE)
     cookie = headers["set-cookie"]
     assert cookie.startswith("duetime_csrf=") and "SameSite=Strict" in cookie and "HttpOnly" in cookie
+
+
+# ---- signing in -----------------------------------------------------------------------------------------
+def sign_in(page: Any, token: str) -> Any:
+    page.fill("#token", token)
+    with page.expect_navigation():
+        page.get_by_role("button", name="Sign in").click()
+    return page
+
+
+def test_sign_in_keeps_the_token_in_an_http_only_strict_cookie_as_the_apis_tenant(
+    browser: Any, console_stack: Stack, seeded: dict[str, Any]
+) -> None:
+    # Given a browser with no token at all (no Authorization header)
+    context = browser.new_context(base_url=console_stack.api, viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    job = seeded["monthly"]["job_id"]
+    try:
+        # When it opens alice's job, it is sent to the sign-in form, which passes axe
+        page.goto(f"/console/jobs/{job}")
+        assert urllib.parse.urlsplit(page.url).path == "/console/sign-in"
+        assert page.locator("h1").inner_text() == "Sign in"
+        assert axe_violations(page) == []
+        # And a token that is no tenant's comes back to it with the error at the field (a 401 page)
+        sign_in(page, "not-a-token")
+        assert urllib.parse.urlsplit(page.url).path == "/console/sign-in"
+        assert "failed=1" in page.url
+        assert page.locator("#token-error .field").inner_text() == "token"
+        assert page.locator("#token").get_attribute("aria-invalid") == "true"
+        # When bob signs in there, he lands on the page he asked for: alice's job is a 404 page to him
+        response = page.goto(f"/console/jobs/{job}")
+        sign_in(page, BOB)
+        assert urllib.parse.urlsplit(page.url).path == f"/console/jobs/{job}"
+        assert page.locator("h1").inner_text() == "Not found"
+        assert HOSTILE[0] not in page.content()
+        # And the cookie holding his token is HttpOnly (no script sees it), SameSite=Strict, path /console
+        session = next(c for c in context.cookies() if c["name"] == "duetime_session")
+        assert session["httpOnly"] and session["sameSite"] == "Strict" and session["path"] == "/console"
+        assert "duetime_session" not in page.evaluate("document.cookie")
+        # And the JSON API never takes the cookie for a token (API Gateway's authorizer reads a header)
+        response = context.request.get("/jobs", headers={"Cookie": f"duetime_session={BOB}"})
+        assert response.status == 401
+        # When he signs out, the cookie is gone and the console asks for a token again
+        with page.expect_navigation():
+            page.get_by_role("button", name="Sign out").click()
+        assert urllib.parse.urlsplit(page.url).path == "/console/sign-in"
+        assert not [c for c in context.cookies() if c["name"] == "duetime_session"]
+        page.goto("/console/jobs")
+        assert urllib.parse.urlsplit(page.url).path == "/console/sign-in"
+        # When alice signs in, her jobs page lists her jobs, and her job page shows its name as text
+        sign_in(page, ALICE)
+        assert urllib.parse.urlsplit(page.url).path == "/console/jobs"
+        page.goto("/console/jobs?name=" + urllib.parse.quote(HOSTILE[0]))
+        assert page.get_by_role("link", name=HOSTILE[0], exact=True).count() == 1
+        page.goto(f"/console/jobs/{job}")
+        assert page.locator("h1 .subject").inner_text() == HOSTILE[0]
+    finally:
+        context.close()
+
+
+def test_signing_in_needs_the_csrf_token_and_goes_only_to_console_pages(console_stack: Stack) -> None:
+    # Given the sign-in form's CSRF cookie
+    status, headers, _ = raw(console_stack, "GET", "/console/sign-in", token="")
+    assert status == 200
+    csrf = headers["set-cookie"].split(";")[0].split("=", 1)[1]
+    # When the form is posted without it, nothing is set (a login CSRF is refused)
+    status, headers, html = raw(console_stack, "POST", "/console/sign-in", token="", data={"token": ALICE})
+    assert status == 403 and "duetime_session" not in headers.get("set-cookie", "")
+    # When it is posted with it and a next page on another site, the answer stays on the console
+    for goal in ("https://evil.example/", "//evil.example/x", "/jobs"):
+        status, headers, _ = raw(
+            console_stack,
+            "POST",
+            "/console/sign-in",
+            token="",
+            data={"csrf": csrf, "token": ALICE, "next": goal},
+            cookie=f"duetime_csrf={csrf}",
+        )
+        assert status == 303 and headers["location"] == "/console/jobs", goal
+        assert "duetime_session=" in headers["set-cookie"] and "HttpOnly" in headers["set-cookie"]
+    # And an empty token is a 400 page naming the field
+    status, _, html = raw(
+        console_stack,
+        "POST",
+        "/console/sign-in",
+        token="",
+        data={"csrf": csrf, "token": " "},
+        cookie=f"duetime_csrf={csrf}",
+    )
+    assert status == 400 and "token: required" in html

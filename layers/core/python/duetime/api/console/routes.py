@@ -19,6 +19,13 @@ Routes (GET unless marked):
     /console/dead-letters          dead-lettered runs, ?next_token=; each with re-drive
     /console/lag                   the tenant's last hour: p50/p99 lag per minute, runs started and failed
     /console/static/{name}         the vendored htmx, the stylesheet
+    /console/sign-in               a stack with tenants: the tenant's token; POST: keep it in a cookie
+    /console/sign-out              POST: forget it
+
+Signing in (``duetime local --tenant NAME:TOKEN``): the form keeps the token in an ``HttpOnly``,
+``SameSite=Strict`` cookie (path ``/console``); the local stack's authorizer takes it as the bearer token of
+console requests (:class:`duetime.local.http_adapter.HttpApiAdapter`), so the tenant is found exactly as for
+the API's ``Authorization: Bearer``. On AWS the static shell sends the JWT in that header instead.
 """
 
 from __future__ import annotations
@@ -114,6 +121,7 @@ def page(template: str, *, status: int = 200, **context: Any) -> Response[str]:
     """``template`` as a page, with the CSRF token its forms carry (set as a cookie when new)."""
     token, new = r.csrf_token(_event())
     context.setdefault("nav", "")
+    context.setdefault("signed_in", r.session_token(r.cookies_of(_event())) is not None)
     body = r.render(template, csrf=token, **context)
     return r.html_response(body, status=status, token=token, new_token=new)
 
@@ -190,6 +198,59 @@ def job_row(job: JobSummary, deps: Deps, now: datetime) -> dict[str, Any]:
 @router.get("/console", include_in_schema=False)
 def console_home() -> Response[str]:
     return Response(status_code=303, body="", headers={**r.SECURITY_HEADERS, "Location": "/console/jobs"})
+
+
+@router.get("/console/sign-in", include_in_schema=False)
+def sign_in_page() -> Response[str]:
+    """The sign-in form of a stack with tenants: the tenant's token, kept in :data:`render.SESSION_COOKIE`.
+    ``?failed=1``: the stack's authorizer refused the token the cookie held (a 401 page); ``?next=``: the
+    console page to go to once signed in."""
+    query = _query()
+    failed = "failed" in query
+    error = (
+        {"field": "token", "message": "that token is not one of this stack's tenants'"} if failed else None
+    )
+    return page(
+        "sign_in.html", status=401 if failed else 200, error=error, next=_next_page(query.get("next"))
+    )
+
+
+@router.post("/console/sign-in", include_in_schema=False)
+@checked_post
+def sign_in() -> Response[str]:
+    """Keep the form's token in the session cookie and go on to ``next`` (the jobs page by default). The
+    token is checked where every request's is, by the authorizer, on the next page: a wrong one comes back
+    here with ``?failed=1``."""
+    form = _form()
+    token, goal = form.get("token", "").strip(), _next_page(form.get("next"))
+    why = None
+    if not token:
+        why = "token: required"
+    elif len(token) > r.MAX_TOKEN_CHARS or not token.isprintable():
+        why = f"token: at most {r.MAX_TOKEN_CHARS} printable characters"
+    if why is not None:
+        return page("sign_in.html", status=400, error={"field": "token", "message": why}, next=goal)
+    return r.redirect(goal, cookies=[r.session_cookie(token, secure=_https())])
+
+
+@router.post("/console/sign-out", include_in_schema=False)
+@checked_post
+def sign_out() -> Response[str]:
+    """Forget the session cookie's token; 303 to the sign-in form."""
+    return r.redirect("/console/sign-in", cookies=[r.session_cookie(None, secure=_https())])
+
+
+def _next_page(value: str | None) -> str:
+    """``value`` if it is a console page of this origin (never another site: no ``//``, no scheme), else the
+    jobs page."""
+    if value and value.startswith("/console/") and "//" not in value and "\\" not in value:
+        return value
+    return "/console/jobs"
+
+
+def _https() -> bool:
+    headers = router.current_event.headers
+    return headers.get("x-forwarded-proto", "").lower() == "https"
 
 
 @router.get("/console/static/<name>", include_in_schema=False)
@@ -346,18 +407,42 @@ def confirm_job_action(job_id: str, action: str, deps: ServiceDeps, tenant: Tena
     if action not in JOB_ACTIONS:
         raise NotFoundError("page", f"/console/jobs/{job_id}/{action}")
     job = jobs.get_job(job_id, tenant=tenant, deps=deps)
-    label, why = JOB_ACTIONS[action]
-    return page(
-        "confirm.html",
-        nav="jobs",
-        what=f"{label} job",
+    return confirmation(
+        JOB_ACTIONS[action],
+        "job",
+        ("jobs", job.job_id),
+        action,
         subject=job.name,
         subject_id=job.job_id,
+        cancel_running=action == "delete",
+    )
+
+
+def confirmation(
+    labels: tuple[str, str],
+    kind: str,
+    where: tuple[str, str],
+    action: str,
+    *,
+    subject: str,
+    subject_id: str,
+    nav: str = "jobs",
+    cancel_running: bool = False,
+) -> Response[str]:
+    """The confirmation page of ``action`` on the ``kind`` at ``/console/{where}``: its ``labels`` (the
+    button's, why), a POST form to ``/console/{where}/{action}`` carrying the CSRF token, a way back."""
+    label, why = labels
+    return page(
+        "confirm.html",
+        nav=nav,
+        what=f"{label} {kind}",
+        subject=subject,
+        subject_id=subject_id,
         why=why,
         label=label,
-        action_url=_path("jobs", job.job_id, action),
-        back_url=_path("jobs", job.job_id),
-        cancel_running=action == "delete",
+        action_url=_path(*where, action),
+        back_url=_path(*where),
+        cancel_running=cancel_running,
     )
 
 
@@ -439,21 +524,18 @@ def run_log(run_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
 @router.get("/console/runs/<run_id>/<action>", include_in_schema=False)
 @html_errors
 def confirm_run_action(run_id: str, action: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
+    """A confirmation of ``action`` (cancel, re-drive) on a run: a POST form with the CSRF token."""
     if action not in RUN_ACTIONS:
         raise NotFoundError("page", f"/console/runs/{run_id}/{action}")
     run = jobs.get_run(run_id, tenant=tenant, deps=deps)
-    label, why = RUN_ACTIONS[action]
-    return page(
-        "confirm.html",
-        nav="dead-letters" if action == "retry" else "jobs",
-        what=f"{label} run",
+    return confirmation(
+        RUN_ACTIONS[action],
+        "run",
+        ("runs", run.run_id),
+        action,
         subject=run.run_id,
         subject_id=run.state.value,
-        why=why,
-        label=label,
-        action_url=_path("runs", run.run_id, action),
-        back_url=_path("runs", run.run_id),
-        cancel_running=False,
+        nav="dead-letters" if action == "retry" else "jobs",
     )
 
 

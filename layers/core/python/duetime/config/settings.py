@@ -110,6 +110,11 @@ class Settings(BaseModel):
     notifications_table: str | None = None
     notifications_queue_url: str | None = None
     email_topic_prefix: str = "duetime-email"
+    #: the console's sign-in on AWS (``/console/shell``): the OIDC issuer's authorization and token
+    #: endpoints and the console's public client (authorization code with PKCE); unset, no shell is served
+    console_authorize_url: str | None = Field(default=None, pattern=r"^https?://")
+    console_token_url: str | None = Field(default=None, pattern=r"^https?://")
+    console_client_id: str | None = None
 
     @property
     def retention(self) -> RetentionPolicy:
@@ -205,6 +210,9 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_NOTIFICATIONS_TABLE": "notifications_table",
     "DUETIME_NOTIFICATIONS_QUEUE_URL": "notifications_queue_url",
     "DUETIME_EMAIL_TOPIC_PREFIX": "email_topic_prefix",
+    "DUETIME_CONSOLE_AUTHORIZE_URL": "console_authorize_url",
+    "DUETIME_CONSOLE_TOKEN_URL": "console_token_url",
+    "DUETIME_CONSOLE_CLIENT_ID": "console_client_id",
 }
 
 

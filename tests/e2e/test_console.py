@@ -9,6 +9,9 @@ Playwright the tests fail.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import re
 import time
 import urllib.error
@@ -38,13 +41,22 @@ CHROMIUM_ARGS = [
 AXE = Path(__file__).parent / "vendor" / "axe-4.10.2.min.js"
 ALICE, BOB = "token-a", "token-b"
 HOSTILE = ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>']
+#: the OIDC issuer the AWS shell signs in at (played by the browser test itself: nothing leaves the machine)
+ISSUER, CLIENT = "https://login.test", "console-client"
 
 
 # ---- the stack, the browser and the jobs the pages show -----------------------------------------------
 @pytest.fixture(scope="module")
 def console_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = start_stack(
-        tmp_path_factory.mktemp("console"), *FAST, "--tenant", f"alice:{ALICE}", "--tenant", f"bob:{BOB}"
+        tmp_path_factory.mktemp("console"),
+        *FAST,
+        "--tenant",
+        f"alice:{ALICE}",
+        "--tenant",
+        f"bob:{BOB}",
+        "--console-oidc",
+        f"{ISSUER}/authorize,{ISSUER}/token,{CLIENT}",
     )
     yield s
     stop_stack(s)
@@ -581,3 +593,82 @@ def test_signing_in_needs_the_csrf_token_and_goes_only_to_console_pages(console_
         cookie=f"duetime_csrf={csrf}",
     )
     assert status == 400 and "token: required" in html
+
+
+# ---- the AWS shell (/console/shell): OIDC sign-in with PKCE, the token as a bearer header -------------------
+def test_the_shell_signs_in_with_pkce_and_sends_the_token_in_the_authorization_header(
+    browser: Any, console_stack: Stack, seeded: dict[str, Any]
+) -> None:
+    # Given an OIDC issuer (played here) that sends the browser back with a code and trades it for alice's token
+    seen: dict[str, dict[str, str]] = {}
+
+    def authorize(route: Any) -> None:
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(route.request.url).query))
+        seen["authorize"] = query
+        back = (
+            query["redirect_uri"]
+            + "?"
+            + urllib.parse.urlencode({"code": "the-code", "state": query["state"]})
+        )
+        route.fulfill(status=302, headers={"Location": back})
+
+    def token(route: Any) -> None:
+        seen["token"] = dict(urllib.parse.parse_qsl(route.request.post_data or ""))
+        route.fulfill(
+            status=200,
+            content_type="application/json",
+            headers={"Access-Control-Allow-Origin": console_stack.api},
+            body=json.dumps({"access_token": ALICE, "token_type": "Bearer", "expires_in": 3600}),
+        )
+
+    context = browser.new_context(base_url=console_stack.api, viewport={"width": 1280, "height": 800})
+    context.route(f"{ISSUER}/authorize*", authorize)
+    context.route(f"{ISSUER}/token", token)
+    sent: list[tuple[str, str | None]] = []
+    context.on(
+        "request",
+        lambda req: (
+            sent.append((req.url, req.all_headers().get("authorization")))
+            if req.url.startswith(console_stack.api + "/console/")
+            else None
+        ),
+    )
+    page = context.new_page()
+    try:
+        # When the shell is opened
+        page.goto("/console/shell")
+        page.wait_for_selector("#jobs-table")
+        # Then it asked for a code with an S256 challenge, and traded it with the verifier (no secret)
+        asked, traded = seen["authorize"], seen["token"]
+        assert asked["response_type"] == "code" and asked["client_id"] == CLIENT
+        assert asked["code_challenge_method"] == "S256"
+        assert asked["redirect_uri"] == console_stack.api + "/console/shell"
+        digest = hashlib.sha256(traded["code_verifier"].encode()).digest()
+        assert base64.urlsafe_b64encode(digest).decode().rstrip("=") == asked["code_challenge"]
+        assert traded["grant_type"] == "authorization_code" and traded["code"] == "the-code"
+        assert "client_secret" not in traded
+        # And the jobs page came through the authorizer with the token as a bearer header, the code gone
+        assert (console_stack.api + "/console/jobs", f"Bearer {ALICE}") in sent
+        assert page.url == console_stack.api + "/console/shell"
+        # And the token is in no cookie and no storage (memory only)
+        kept = page.evaluate("() => document.cookie + JSON.stringify({...sessionStorage, ...localStorage})")
+        assert ALICE not in kept
+        # When a link of the shell is followed, that page too is loaded with the token, in the shell
+        page.get_by_role("link", name="Dead letters").click()
+        page.wait_for_selector("h1:text('Dead letters')")
+        assert (console_stack.api + "/console/dead-letters", f"Bearer {ALICE}") in sent
+        assert page.url == console_stack.api + "/console/shell"
+        assert axe_violations(page) == []
+    finally:
+        context.close()
+
+
+def test_the_shell_holds_no_data_and_allows_only_the_token_endpoint_besides_its_origin(
+    console_stack: Stack, seeded: dict[str, Any]
+) -> None:
+    status, headers, html = raw(console_stack, "GET", "/console/shell", token="")
+    assert status == 200
+    assert seeded["monthly"]["job_id"] not in html and "<table" not in html
+    csp = headers["content-security-policy"]
+    assert f"connect-src 'self' {ISSUER};" in csp and "script-src 'self';" in csp
+    assert re.findall(r"<script(?![^>]*\bsrc=)[^>]*>", html) == []

@@ -170,8 +170,9 @@ def from_http_api_result(result: dict[str, Any]) -> Response:
 
 #: the console's pages; with tenants, their bearer token may come from the sign-in's session cookie
 CONSOLE = "/console"
-#: console paths served without a tenant's identity: the sign-in form and the static assets
-CONSOLE_PUBLIC = ("/console/sign-in", "/console/static/")
+#: console paths served without a tenant's identity: the sign-in form, the static assets and the AWS shell
+#: (``--console-oidc``), as the CDK app's routes without authorization
+CONSOLE_PUBLIC = ("/console/sign-in", "/console/static/", "/console/shell")
 
 
 def _to_sign_in(request: Request, *, failed: bool) -> Response:

@@ -21,6 +21,7 @@ Routes (GET unless marked):
     /console/static/{name}         the vendored htmx, the stylesheet
     /console/sign-in               a stack with tenants: the tenant's token; POST: keep it in a cookie
     /console/sign-out              POST: forget it
+    /console/shell                 AWS: the static shell signing in at the OIDC issuer (no data)
 
 Signing in (``duetime local --tenant NAME:TOKEN``): the form keeps the token in an ``HttpOnly``,
 ``SameSite=Strict`` cookie (path ``/console``); the local stack's authorizer takes it as the bearer token of
@@ -38,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from functools import wraps
 from typing import Any, ParamSpec
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
@@ -253,6 +254,29 @@ def _https() -> bool:
     return headers.get("x-forwarded-proto", "").lower() == "https"
 
 
+@router.get("/console/shell", include_in_schema=False)
+def shell(deps: ServiceDeps) -> Response[str]:
+    """The static shell of a console behind a JWT authorizer (AWS): no data, served without authorization.
+    Its script signs the user in at the OIDC issuer (authorization code with PKCE), keeps the access token
+    in memory and loads every page with htmx, ``Authorization: Bearer`` on each request. 404 where no
+    sign-in is configured (``DUETIME_CONSOLE_*``)."""
+    settings = deps.settings
+    if not (settings.console_authorize_url and settings.console_token_url and settings.console_client_id):
+        return error_page(404, "not_found", "this stack has no console sign-in (DUETIME_CONSOLE_*)")
+    body = r.render(
+        "shell.html",
+        authorize_url=settings.console_authorize_url,
+        token_url=settings.console_token_url,
+        client_id=settings.console_client_id,
+    )
+    response = r.html_response(body)
+    token_origin = "{0.scheme}://{0.netloc}".format(urlsplit(settings.console_token_url))
+    response.headers["Content-Security-Policy"] = r.CSP.replace(
+        "connect-src 'self'", f"connect-src 'self' {token_origin}"
+    )
+    return response
+
+
 @router.get("/console/static/<name>", include_in_schema=False)
 def static(name: str) -> Response[str]:
     """A vendored or own asset (js, css), cacheable for a day; any other name is a 404."""
@@ -301,7 +325,10 @@ def jobs_page(deps: ServiceDeps, tenant: Tenant) -> Response[str]:
     filters = {k: v for k, v in (("state", state), ("name", name)) if v}
     next_url = f"/console/jobs?{urlencode({**filters, 'next_token': token})}" if token else None
     first_url = f"/console/jobs?{urlencode(filters)}" if query.get("next_token") else None
-    template = "jobs_table.html" if router.current_event.headers.get("hx-request") else "jobs.html"
+    # the filter's own request (htmx, aimed at the table) gets the table alone; any other, the page
+    template = (
+        "jobs_table.html" if router.current_event.headers.get("hx-target") == "jobs-table" else "jobs.html"
+    )
     return page(
         template,
         nav="jobs",

@@ -641,7 +641,7 @@ class DynamoStore:
             items.extend(got)
             # ``Limit`` counts the items read before the filter: when the filter dropped some, the matches
             # are sparser than that, so read larger pages (x4, up to COLLECT_MAX_PAGE) instead of many small
-            # ones (a filter matching 1 job in 400 takes 6 Queries over 10,000 jobs, not 400)
+            # ones (reading through 10,000 jobs for a rare match takes 13 Queries, not 400)
             ask = min(ask * 4, COLLECT_MAX_PAGE) if len(got) < ask else max(limit - len(items), 10)
             if "LastEvaluatedKey" not in out:
                 if len(items) <= limit:

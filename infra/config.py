@@ -169,6 +169,36 @@ def _default_log_lifecycle() -> LifecycleConfig:
     return LifecycleConfig(expiration_days=365)
 
 
+class ConsoleConfig(Frozen):
+    """The web console's sign-in on AWS (``infra/constructs/console.py``): the static shell at
+    ``/console/shell`` signs people in with the authorization code flow and PKCE, and every page it loads
+    carries the access token through the stage's JWT authorizer.
+
+    ``sign_in: cognito`` creates a Cognito user pool (no self sign-up, MFA required), an app client without
+    a secret and the hosted UI at ``https://<domain_prefix>.auth.<region>.amazoncognito.com``; the pool is
+    then the JWT authorizer's issuer and the client its audience (the stage's ``jwt_issuer`` and
+    ``jwt_audience`` stay unset). ``sign_in: oidc`` uses any OIDC issuer: the stage's ``jwt_issuer``, with
+    its ``authorize_url``, ``token_url`` and a public ``client_id`` (which must be in ``jwt_audience``)."""
+
+    sign_in: Literal["cognito", "oidc"] = "cognito"
+    #: cognito: the hosted UI's domain prefix (unique in the region)
+    domain_prefix: str | None = Field(default=None, pattern=r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+    #: oidc: the issuer's endpoints and the console's public client
+    authorize_url: str | None = Field(default=None, pattern=r"^https://")
+    token_url: str | None = Field(default=None, pattern=r"^https://")
+    client_id: str | None = None
+    #: more sign-in callback URLs than the API's own ``/console/shell`` (a custom domain)
+    callback_urls: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _valid(self) -> ConsoleConfig:
+        if self.sign_in == "cognito" and not self.domain_prefix:
+            raise ValueError("console sign_in 'cognito' needs domain_prefix (the hosted UI's domain)")
+        if self.sign_in == "oidc" and not (self.authorize_url and self.token_url and self.client_id):
+            raise ValueError("console sign_in 'oidc' needs authorize_url, token_url and client_id")
+        return self
+
+
 class StageConfig(Frozen):
     """The settings of one deployment (one CloudFormation stack)."""
 
@@ -208,6 +238,8 @@ class StageConfig(Frozen):
     authorizer: Literal["iam", "jwt"] = "iam"
     jwt_issuer: str | None = None
     jwt_audience: tuple[str, ...] = ()
+    #: the web console's sign-in (None: the API serves no console shell; IAM-only stages can have none)
+    console: ConsoleConfig | None = None
     api_rate_limit: float = Field(default=100.0, gt=0, description="steady requests/s for the whole API")
     api_burst_limit: int = Field(default=200, ge=1)
     #: where run logs live: ``standard`` (an S3 general purpose bucket, multi-AZ) or ``express`` (an S3
@@ -244,7 +276,17 @@ class StageConfig(Frozen):
             raise ValueError(
                 "log_storage 'express' needs log_zone (an Availability Zone ID such as use1-az4)"
             )
-        if self.authorizer == "jwt" and (not self.jwt_issuer or not self.jwt_audience):
+        cognito = self.console is not None and self.console.sign_in == "cognito"
+        if self.console is not None and self.authorizer != "jwt":
+            raise ValueError(
+                "console needs authorizer 'jwt' (a browser cannot sign IAM requests: see the README's "
+                "answer for IAM-only deployments)"
+            )
+        if cognito and (self.jwt_issuer or self.jwt_audience):
+            raise ValueError(
+                "console sign_in 'cognito' makes its user pool the issuer: leave jwt_issuer unset"
+            )
+        if self.authorizer == "jwt" and not cognito and (not self.jwt_issuer or not self.jwt_audience):
             raise ValueError("authorizer 'jwt' needs jwt_issuer and jwt_audience")
         expiry = self.log_lifecycle.expiration_days
         if expiry is not None and expiry < max(self.retention_days, self.failed_run_retention_days):
@@ -252,6 +294,12 @@ class StageConfig(Frozen):
                 "log_lifecycle.expiration_days must be at least the longest hot window "
                 "(retention_days, failed_run_retention_days): a hot run's log would be gone"
             )
+        if (
+            self.console is not None
+            and self.console.sign_in == "oidc"
+            and self.console.client_id not in self.jwt_audience
+        ):
+            raise ValueError("console client_id must be one of jwt_audience (the authorizer checks it)")
         # the same bounds the handlers enforce at run time: fail at synth, not at the first invocation
         Settings.model_validate(
             {

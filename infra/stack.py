@@ -10,6 +10,7 @@ from infra.config import StageConfig
 from infra.constructs.access import Catalogue
 from infra.constructs.api import Api
 from infra.constructs.archive import Archive
+from infra.constructs.console import ConsoleSignIn
 from infra.constructs.executors import Executors
 from infra.constructs.functions import FUNCTIONS, Functions, FunctionSpec
 from infra.constructs.monitoring import Monitoring
@@ -69,7 +70,12 @@ class DuetimeStack(Stack):
             environment=environment,
         )
         fn = self.functions.functions
-        self.api = Api(self, "Api", config=config, handler=fn["api"])
+        self.console = (
+            ConsoleSignIn(self, "Console", config=config, console=config.console) if config.console else None
+        )
+        self.api = Api(self, "Api", config=config, handler=fn["api"], sign_in=self.console)
+        if self.console is not None:
+            self.console.configure(fn["api"])
         self.schedules = Schedules(self, "Schedules", config=config, tick=fn["tick"], sweeper=fn["sweeper"])
         self.executors = Executors(
             self, "Executors", config=config, catalogue=catalogue, queues=self.queues, environment=environment
@@ -101,6 +107,15 @@ class DuetimeStack(Stack):
             )
 
         CfnOutput(self, "ApiUrl", value=self.api.url, description="HTTP API endpoint (SigV4 or JWT)")
+        if self.console is not None:
+            CfnOutput(
+                self,
+                "ConsoleUrl",
+                value=self.api.http_api.api_endpoint + "/console/shell",
+                description="the web console: signs in through the stage's OIDC issuer (Cognito's hosted UI)",
+            )
+            if self.console.user_pool is not None:
+                CfnOutput(self, "ConsoleUserPoolId", value=self.console.user_pool.user_pool_id)
         CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn)
         CfnOutput(self, "DashboardName", value=self.monitoring.dashboard.dashboard_name)
         CfnOutput(self, "JobsTableName", value=self.storage.jobs.table_name)

@@ -21,6 +21,8 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.config import StageConfig
+from infra.constructs.console import SHELL_PATH, ConsoleSignIn
+from infra.nag import acknowledge
 
 #: One JSON object per request: who called what, the answer, and why a call failed before the function.
 ACCESS_LOG_FIELDS = {
@@ -62,29 +64,47 @@ class AccessLogSettings:
 
 
 class Api(Construct):
-    """The HTTP API; ``url`` is its endpoint."""
+    """The HTTP API; ``url`` is its endpoint.
 
-    def __init__(self, scope: Construct, id: str, *, config: StageConfig, handler: lambda_.IFunction) -> None:
+    Args:
+        sign_in: the console's sign-in (``infra/constructs/console.py``): its issuer and audience make the JWT
+            authorizer, and the console's static shell and assets get routes without authorization.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: StageConfig,
+        handler: lambda_.IFunction,
+        sign_in: ConsoleSignIn | None = None,
+    ) -> None:
         super().__init__(scope, id)
-        if config.authorizer == "jwt":
-            authorizer: apigwv2.IHttpRouteAuthorizer = authorizers.HttpJwtAuthorizer(
-                "Jwt", jwt_issuer=str(config.jwt_issuer), jwt_audience=list(config.jwt_audience)
-            )
-        else:
-            authorizer = authorizers.HttpIamAuthorizer()
         self.http_api = apigwv2.HttpApi(
             self,
             "HttpApi",
             api_name=Aws.STACK_NAME,  # resolved by CloudFormation: one name per stage
             description=f"Duetime API ({config.name})",
-            default_authorizer=authorizer,
             create_default_stage=False,
         )
+        if sign_in is not None:
+            sign_in.add_client(self.http_api.api_endpoint + "/")
+            authorizer: apigwv2.IHttpRouteAuthorizer = authorizers.HttpJwtAuthorizer(
+                "Jwt", jwt_issuer=sign_in.issuer, jwt_audience=sign_in.audience
+            )
+        elif config.authorizer == "jwt":
+            authorizer = authorizers.HttpJwtAuthorizer(
+                "Jwt", jwt_issuer=str(config.jwt_issuer), jwt_audience=list(config.jwt_audience)
+            )
+        else:
+            authorizer = authorizers.HttpIamAuthorizer()
+        integration = integrations.HttpLambdaIntegration("Handler", handler)
         self.http_api.add_routes(
-            path="/{proxy+}",
-            methods=[apigwv2.HttpMethod.ANY],
-            integration=integrations.HttpLambdaIntegration("Handler", handler),
+            path="/{proxy+}", methods=[apigwv2.HttpMethod.ANY], integration=integration, authorizer=authorizer
         )
+        if sign_in is not None:
+            self._add_console_shell(integration)
         self.access_logs = logs.LogGroup(
             self,
             "AccessLogs",
@@ -104,6 +124,23 @@ class Api(Construct):
                 format=apigw.AccessLogFormat.custom(json.dumps(ACCESS_LOG_FIELDS)),
             ),
         )
+
+    def _add_console_shell(self, integration: integrations.HttpLambdaIntegration) -> None:
+        """``GET /console/shell`` and ``GET /console/static/{name}`` without authorization: the static shell
+        and its assets, which hold no data (every page the shell loads goes through the authorizer)."""
+        for path in (SHELL_PATH, "/console/static/{name}"):
+            for route in self.http_api.add_routes(
+                path=path,
+                methods=[apigwv2.HttpMethod.GET],
+                integration=integration,
+                authorizer=apigwv2.HttpNoneAuthorizer(),
+            ):
+                acknowledge(
+                    route,
+                    "AwsSolutions-APIG4",
+                    "the console's static shell and its assets (no data): signing in happens in the page; "
+                    "every data call it makes carries the JWT through the authorizer",
+                )
 
     @property
     def url(self) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from duetime.domain.errors import PageTokenError
-from duetime.domain.models import RunState
+from duetime.domain.models import JobSummary, RunState
 from tests.contract.conftest import T0, Adapters
 from tests.contract.factories import attempt_end, make_job, put_run, start
 
@@ -88,6 +88,41 @@ def test_list_jobs_pages_through_25_jobs_10_at_a_time_newest_first(adapters: Ada
     got = pages(lambda token: adapters.store.list_jobs("t-paged", limit=PAGE, page_token=token))
     assert [len(p) for p in got] == [10, 10, 5]
     assert [j.job_id for p in got for j in p] == [j.job_id for j in reversed(jobs)]
+
+
+def test_job_summaries_page_like_list_jobs_and_a_sparse_name_filter_returns_every_match_once(
+    adapters: Adapters,
+) -> None:
+    # Given 60 jobs of which every 13th is named "needle ..." (5 of them, far apart in the listing)
+    jobs = [
+        make_job(
+            f"t-sparse-{i:02d}",
+            tenant="t-sparse",
+            name=f"needle {i}" if i % 13 == 0 else f"hay {i}",
+            created_at=T0 + i * S,
+        )
+        for i in range(60)
+    ]
+    for job in jobs:
+        adapters.store.put_new_job(job)
+    store = adapters.store
+    # When the listing is paged as summaries, with and without the filter
+    everything = pages(lambda token: store.list_job_summaries("t-sparse", limit=PAGE, page_token=token))
+    needles = pages(
+        lambda token: store.list_job_summaries("t-sparse", limit=2, page_token=token, name_prefix="needle")
+    )
+    # Then the summaries are list_jobs' page (same order, same tokens), every match comes once, newest first
+    first, token = store.list_jobs("t-sparse", limit=PAGE)
+    assert store.list_job_summaries("t-sparse", limit=PAGE) == ([JobSummary.of(j) for j in first], token)
+    assert [j.job_id for p in everything for j in p] == [j.job_id for j in reversed(jobs)]
+    assert all(len(p) <= 2 for p in needles)
+    assert [j.name for p in needles for j in p] == [
+        "needle 52",
+        "needle 39",
+        "needle 26",
+        "needle 13",
+        "needle 0",
+    ]
 
 
 def test_query_dead_letters_pages_through_25_most_recent_first(adapters: Adapters) -> None:

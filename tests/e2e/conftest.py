@@ -128,21 +128,24 @@ def stop_stack(stack: Stack) -> int:
         raise
 
 
+#: the e2e stacks' options: a tick a second, one worker per tier, short leases and grace (seconds, not minutes)
+FAST = (
+    "--tick-seconds",
+    "1",
+    "--workers",
+    "1",
+    "--lease-seconds",
+    "4",
+    "--heartbeat-seconds",
+    "1",
+    "--pending-grace-seconds",
+    "5",
+)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("stack")
-    s = start_stack(
-        workdir,
-        "--tick-seconds",
-        "1",
-        "--workers",
-        "1",
-        "--lease-seconds",
-        "4",
-        "--heartbeat-seconds",
-        "1",
-        "--pending-grace-seconds",
-        "5",
-    )
+    s = start_stack(workdir, *FAST)
     yield s
     stop_stack(s)

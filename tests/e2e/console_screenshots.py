@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.conftest import start_stack, stop_stack
+from tests.e2e.conftest import FAST, start_stack, stop_stack
 from tests.e2e.test_console import ALICE, HOSTILE, container, launch, new_page, submit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp:
-        stack = start_stack(Path(tmp), "--tick-seconds", "1", "--workers", "1", "--tenant", f"alice:{ALICE}")
+        stack = start_stack(Path(tmp), *FAST, "--tenant", f"alice:{ALICE}")
         try:
             every = submit(
                 stack,
@@ -99,6 +99,12 @@ def main() -> None:
                 page.fill("#body", text.replace('"rate(10 seconds)"', '"rate(1 fortnight)"'))
                 page.get_by_role("button", name="Save").click()
                 page.screenshot(path=str(args.out / "edit-400.png"))
+                # a browser with no token: any page leads to the sign-in form
+                bare = browser.new_context(base_url=stack.api, viewport={"width": 1280, "height": 800})
+                signing = bare.new_page()
+                signing.goto(f"/console/jobs/{every['job_id']}")
+                signing.screenshot(path=str(args.out / "sign-in.png"))
+                bare.close()
                 browser.close()
         finally:
             stop_stack(stack)

@@ -9,6 +9,9 @@ Playwright the tests fail.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import re
 import time
 import urllib.error
@@ -20,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.e2e.conftest import FAST, Stack, start_stack, stop_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -38,6 +41,8 @@ CHROMIUM_ARGS = [
 AXE = Path(__file__).parent / "vendor" / "axe-4.10.2.min.js"
 ALICE, BOB = "token-a", "token-b"
 HOSTILE = ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>']
+#: the OIDC issuer the AWS shell signs in at (played by the browser test itself: nothing leaves the machine)
+ISSUER, CLIENT = "https://login.test", "console-client"
 
 
 # ---- the stack, the browser and the jobs the pages show -----------------------------------------------
@@ -45,14 +50,13 @@ HOSTILE = ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>']
 def console_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = start_stack(
         tmp_path_factory.mktemp("console"),
-        "--tick-seconds",
-        "1",
-        "--workers",
-        "1",
+        *FAST,
         "--tenant",
         f"alice:{ALICE}",
         "--tenant",
         f"bob:{BOB}",
+        "--console-oidc",
+        f"{ISSUER}/authorize,{ISSUER}/token,{CLIENT}",
     )
     yield s
     stop_stack(s)
@@ -181,7 +185,7 @@ def raw(
             return None
 
     body = urllib.parse.urlencode(data).encode() if data is not None else None
-    headers = {"Authorization": f"Bearer {token}"}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     if cookie:
         headers["Cookie"] = cookie
     req = urllib.request.Request(stack.api + path, data=body, method=method, headers=headers)
@@ -499,3 +503,172 @@ def test_the_csrf_cookie_is_same_site_strict_and_http_only(console_stack: Stack)
     _, headers, _ = raw(console_stack, "GET", "/console/jobs", token=ALICE)
     cookie = headers["set-cookie"]
     assert cookie.startswith("duetime_csrf=") and "SameSite=Strict" in cookie and "HttpOnly" in cookie
+
+
+# ---- signing in -----------------------------------------------------------------------------------------
+def sign_in(page: Any, token: str) -> Any:
+    page.fill("#token", token)
+    with page.expect_navigation():
+        page.get_by_role("button", name="Sign in").click()
+    return page
+
+
+def test_sign_in_keeps_the_token_in_an_http_only_strict_cookie_as_the_apis_tenant(
+    browser: Any, console_stack: Stack, seeded: dict[str, Any]
+) -> None:
+    # Given a browser with no token at all (no Authorization header)
+    context = browser.new_context(base_url=console_stack.api, viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    job = seeded["monthly"]["job_id"]
+    try:
+        # When it opens alice's job, it is sent to the sign-in form, which passes axe
+        page.goto(f"/console/jobs/{job}")
+        assert urllib.parse.urlsplit(page.url).path == "/console/sign-in"
+        assert page.locator("h1").inner_text() == "Sign in"
+        assert axe_violations(page) == []
+        # And a token that is no tenant's comes back to it with the error at the field (a 401 page)
+        sign_in(page, "not-a-token")
+        assert urllib.parse.urlsplit(page.url).path == "/console/sign-in"
+        assert "failed=1" in page.url
+        assert page.locator("#token-error .field").inner_text() == "token"
+        assert page.locator("#token").get_attribute("aria-invalid") == "true"
+        # When bob signs in there, he lands on the page he asked for: alice's job is a 404 page to him
+        response = page.goto(f"/console/jobs/{job}")
+        sign_in(page, BOB)
+        assert urllib.parse.urlsplit(page.url).path == f"/console/jobs/{job}"
+        assert page.locator("h1").inner_text() == "Not found"
+        assert HOSTILE[0] not in page.content()
+        # And the cookie holding his token is HttpOnly (no script sees it), SameSite=Strict, path /console
+        session = next(c for c in context.cookies() if c["name"] == "duetime_session")
+        assert session["httpOnly"] and session["sameSite"] == "Strict" and session["path"] == "/console"
+        assert "duetime_session" not in page.evaluate("document.cookie")
+        # And the JSON API never takes the cookie for a token (API Gateway's authorizer reads a header)
+        response = context.request.get("/jobs", headers={"Cookie": f"duetime_session={BOB}"})
+        assert response.status == 401
+        # When he signs out, the cookie is gone and the console asks for a token again
+        with page.expect_navigation():
+            page.get_by_role("button", name="Sign out").click()
+        assert urllib.parse.urlsplit(page.url).path == "/console/sign-in"
+        assert not [c for c in context.cookies() if c["name"] == "duetime_session"]
+        page.goto("/console/jobs")
+        assert urllib.parse.urlsplit(page.url).path == "/console/sign-in"
+        # When alice signs in, her jobs page lists her jobs, and her job page shows its name as text
+        sign_in(page, ALICE)
+        assert urllib.parse.urlsplit(page.url).path == "/console/jobs"
+        page.goto("/console/jobs?name=" + urllib.parse.quote(HOSTILE[0]))
+        assert page.get_by_role("link", name=HOSTILE[0], exact=True).count() == 1
+        page.goto(f"/console/jobs/{job}")
+        assert page.locator("h1 .subject").inner_text() == HOSTILE[0]
+    finally:
+        context.close()
+
+
+def test_signing_in_needs_the_csrf_token_and_goes_only_to_console_pages(console_stack: Stack) -> None:
+    # Given the sign-in form's CSRF cookie
+    status, headers, _ = raw(console_stack, "GET", "/console/sign-in", token="")
+    assert status == 200
+    csrf = headers["set-cookie"].split(";")[0].split("=", 1)[1]
+    # When the form is posted without it, nothing is set (a login CSRF is refused)
+    status, headers, html = raw(console_stack, "POST", "/console/sign-in", token="", data={"token": ALICE})
+    assert status == 403 and "duetime_session" not in headers.get("set-cookie", "")
+    # When it is posted with it and a next page on another site, the answer stays on the console
+    for goal in ("https://evil.example/", "//evil.example/x", "/jobs"):
+        status, headers, _ = raw(
+            console_stack,
+            "POST",
+            "/console/sign-in",
+            token="",
+            data={"csrf": csrf, "token": ALICE, "next": goal},
+            cookie=f"duetime_csrf={csrf}",
+        )
+        assert status == 303 and headers["location"] == "/console/jobs", goal
+        assert "duetime_session=" in headers["set-cookie"] and "HttpOnly" in headers["set-cookie"]
+    # And an empty token is a 400 page naming the field
+    status, _, html = raw(
+        console_stack,
+        "POST",
+        "/console/sign-in",
+        token="",
+        data={"csrf": csrf, "token": " "},
+        cookie=f"duetime_csrf={csrf}",
+    )
+    assert status == 400 and "token: required" in html
+
+
+# ---- the AWS shell (/console/shell): OIDC sign-in with PKCE, the token as a bearer header -------------------
+def test_the_shell_signs_in_with_pkce_and_sends_the_token_in_the_authorization_header(
+    browser: Any, console_stack: Stack, seeded: dict[str, Any]
+) -> None:
+    # Given an OIDC issuer (played here) that sends the browser back with a code and trades it for alice's token
+    seen: dict[str, dict[str, str]] = {}
+
+    def authorize(route: Any) -> None:
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(route.request.url).query))
+        seen["authorize"] = query
+        back = (
+            query["redirect_uri"]
+            + "?"
+            + urllib.parse.urlencode({"code": "the-code", "state": query["state"]})
+        )
+        route.fulfill(status=302, headers={"Location": back})
+
+    def token(route: Any) -> None:
+        seen["token"] = dict(urllib.parse.parse_qsl(route.request.post_data or ""))
+        route.fulfill(
+            status=200,
+            content_type="application/json",
+            headers={"Access-Control-Allow-Origin": console_stack.api},
+            body=json.dumps({"access_token": ALICE, "token_type": "Bearer", "expires_in": 3600}),
+        )
+
+    context = browser.new_context(base_url=console_stack.api, viewport={"width": 1280, "height": 800})
+    context.route(f"{ISSUER}/authorize*", authorize)
+    context.route(f"{ISSUER}/token", token)
+    sent: list[tuple[str, str | None]] = []
+    context.on(
+        "request",
+        lambda req: (
+            sent.append((req.url, req.all_headers().get("authorization")))
+            if req.url.startswith(console_stack.api + "/console/")
+            else None
+        ),
+    )
+    page = context.new_page()
+    try:
+        # When the shell is opened
+        page.goto("/console/shell")
+        page.wait_for_selector("#jobs-table")
+        # Then it asked for a code with an S256 challenge, and traded it with the verifier (no secret)
+        asked, traded = seen["authorize"], seen["token"]
+        assert asked["response_type"] == "code" and asked["client_id"] == CLIENT
+        assert asked["code_challenge_method"] == "S256"
+        assert asked["redirect_uri"] == console_stack.api + "/console/shell"
+        digest = hashlib.sha256(traded["code_verifier"].encode()).digest()
+        assert base64.urlsafe_b64encode(digest).decode().rstrip("=") == asked["code_challenge"]
+        assert traded["grant_type"] == "authorization_code" and traded["code"] == "the-code"
+        assert "client_secret" not in traded
+        # And the jobs page came through the authorizer with the token as a bearer header, the code gone
+        assert (console_stack.api + "/console/jobs", f"Bearer {ALICE}") in sent
+        assert page.url == console_stack.api + "/console/shell"
+        # And the token is in no cookie and no storage (memory only)
+        kept = page.evaluate("() => document.cookie + JSON.stringify({...sessionStorage, ...localStorage})")
+        assert ALICE not in kept
+        # When a link of the shell is followed, that page too is loaded with the token, in the shell
+        page.get_by_role("link", name="Dead letters").click()
+        page.wait_for_selector("h1:text('Dead letters')")
+        assert (console_stack.api + "/console/dead-letters", f"Bearer {ALICE}") in sent
+        assert page.url == console_stack.api + "/console/shell"
+        assert axe_violations(page) == []
+    finally:
+        context.close()
+
+
+def test_the_shell_holds_no_data_and_allows_only_the_token_endpoint_besides_its_origin(
+    console_stack: Stack, seeded: dict[str, Any]
+) -> None:
+    status, headers, html = raw(console_stack, "GET", "/console/shell", token="")
+    assert status == 200
+    assert seeded["monthly"]["job_id"] not in html and "<table" not in html
+    csp = headers["content-security-policy"]
+    assert f"connect-src 'self' {ISSUER};" in csp and "script-src 'self';" in csp
+    assert re.findall(r"<script(?![^>]*\bsrc=)[^>]*>", html) == []

@@ -108,6 +108,13 @@ def local(
         float,
         typer.Option(min=0.1, help="notifications: the longest wait between a delivery's tries, seconds"),
     ] = 3600.0,
+    console_oidc: Annotated[
+        str | None,
+        typer.Option(
+            help="AUTHORIZE_URL,TOKEN_URL,CLIENT_ID: serve the console's AWS shell (/console/shell) signing in "
+            "at this OIDC issuer, as the CDK app's console does (the tokens it gets must be --tenant tokens)"
+        ),
+    ] = None,
     lambda_: Annotated[
         list[str] | None,
         typer.Option(
@@ -140,6 +147,16 @@ def local(
                 f"token of {name!r} is already {tenants[token]!r}'s", param_hint="--tenant"
             )
         tenants[token] = name
+    oidc: tuple[str, str, str] | None = None
+    if console_oidc is not None:
+        parts = [p.strip() for p in console_oidc.split(",")]
+        if (
+            len(parts) != 3
+            or not all(parts)
+            or not all(p.startswith(("http://", "https://")) for p in parts[:2])
+        ):
+            raise typer.BadParameter("needs AUTHORIZE_URL,TOKEN_URL,CLIENT_ID", param_hint="--console-oidc")
+        oidc = (parts[0], parts[1], parts[2])
     from duetime.local.lambda_service import parse_function_spec
 
     lambdas: dict[str, str] = {}
@@ -175,6 +192,7 @@ def local(
             tenant_max_active_jobs=tenant_max_active_jobs,
             tenant_max_running=tenant_max_running,
             notify_max_backoff_seconds=notify_max_backoff_seconds,
+            console_oidc=oidc,
         )
     )
     try:

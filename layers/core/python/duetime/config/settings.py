@@ -115,6 +115,11 @@ class Settings(BaseModel):
     email_topic_prefix: str = "duetime-email"
     #: AWS: the account the stack runs in; a rule's ``sns_topic_arn`` must name a topic of it (unset: any)
     aws_account_id: str | None = None
+    #: the console's sign-in on AWS (``/console/shell``): the OIDC issuer's authorization and token
+    #: endpoints and the console's public client (authorization code with PKCE); unset, no shell is served
+    console_authorize_url: str | None = Field(default=None, pattern=r"^https?://")
+    console_token_url: str | None = Field(default=None, pattern=r"^https?://")
+    console_client_id: str | None = None
 
     @property
     def retention(self) -> RetentionPolicy:
@@ -212,6 +217,9 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_NOTIFICATIONS_QUEUE_URL": "notifications_queue_url",
     "DUETIME_EMAIL_TOPIC_PREFIX": "email_topic_prefix",
     "DUETIME_AWS_ACCOUNT_ID": "aws_account_id",
+    "DUETIME_CONSOLE_AUTHORIZE_URL": "console_authorize_url",
+    "DUETIME_CONSOLE_TOKEN_URL": "console_token_url",
+    "DUETIME_CONSOLE_CLIENT_ID": "console_client_id",
 }
 
 

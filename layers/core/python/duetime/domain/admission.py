@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
 
-from duetime.domain.models import CatchUpPolicy, Job, JobState, ScheduleSpec, Trigger
+from duetime.domain.models import CatchUpPolicy, Job, JobState, JobSummary, ScheduleSpec, Trigger
 from duetime.domain.schedules import Schedule, parse_schedule
 from duetime.domain.timeutil import truncate_ms
 
@@ -59,7 +59,7 @@ def _cached_schedule(spec: ScheduleSpec, anchor: datetime) -> Schedule:
     return parse_spec(spec, anchor, stored=True)
 
 
-def schedule_of(job: Job) -> Schedule | None:
+def schedule_of(job: Job | JobSummary) -> Schedule | None:
     """The parsed schedule of ``job`` (None for a run-now job). Parsing is cached per process."""
     if job.schedule is None:
         return None

@@ -796,6 +796,34 @@ class Job(StoredModel):
     version: int = 1
 
 
+class JobSummary(StoredModel):
+    """What a listing shows of a job (``StorePort.list_job_summaries``): the fields a tick's claim never
+    changes, so a store's listing index holds them without a write per claim (on DynamoDB, the ``by_tenant``
+    index's projection). No ``next_fire_at``: read the job itself for it, or preview ``schedule``."""
+
+    job_id: JobId
+    tenant: str
+    name: str
+    state: JobState
+    schedule: ScheduleSpec | None = None
+    #: anchor of ``rate`` schedules (start_at or creation time), UTC.
+    anchor: Instant
+    created_at: Instant
+
+    @classmethod
+    def of(cls, job: Job) -> JobSummary:
+        """The summary of ``job``."""
+        return cls(
+            job_id=job.job_id,
+            tenant=job.tenant,
+            name=job.name,
+            state=job.state,
+            schedule=job.schedule,
+            anchor=job.anchor,
+            created_at=job.created_at,
+        )
+
+
 class AttemptRecord(StoredModel):
     """What happened to one attempt of a run (the run's history)."""
 

@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from duetime.domain.lifecycle import AttemptEnd
-from duetime.domain.models import AttemptRecord, Job, NotificationRule, Run, RunMessage, Session
+from duetime.domain.models import AttemptRecord, Job, JobSummary, NotificationRule, Run, RunMessage, Session
 from duetime.domain.notifications import (
     Delivery,
     DeliveryAttempt,
@@ -108,6 +108,19 @@ class JobStore(Protocol):
     ) -> tuple[list[Job], str | None]:
         """The tenant's jobs, newest first (DELETED ones only when ``state="DELETED"``), and the next page's
         token (None on the last page). May lag for a job just created or changed state."""
+
+    def list_job_summaries(
+        self,
+        tenant: str,
+        *,
+        limit: int,
+        page_token: str | None = None,
+        state: str | None = None,
+        name_prefix: str | None = None,
+    ) -> tuple[list[JobSummary], str | None]:
+        """The same listing as :meth:`list_jobs` (same order, filters and page tokens) read from the listing
+        index alone, without reading the jobs themselves: what a page of a console shows. May lag a job's
+        change of state or name by a moment (DynamoDB's index is eventually consistent)."""
 
     def query_due(self, shard: int, until: datetime) -> Iterator[Job]:
         """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (may lag writes by a moment)."""

@@ -17,11 +17,13 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
+
+from duetime.api.console.render import session_token
 
 Invoke = Callable[[dict[str, Any]], Any]
 
@@ -166,6 +168,27 @@ def from_http_api_result(result: dict[str, Any]) -> Response:
     return response
 
 
+#: the console's pages; with tenants, their bearer token may come from the sign-in's session cookie
+CONSOLE = "/console"
+#: console paths served without a tenant's identity: the sign-in form, the static assets and the AWS shell
+#: (``--console-oidc``), as the CDK app's routes without authorization
+CONSOLE_PUBLIC = ("/console/sign-in", "/console/static/", "/console/shell")
+
+
+def _to_sign_in(request: Request, *, failed: bool) -> Response:
+    """303 to the sign-in form (``failed``: the cookie's token is no tenant's), coming back to this page
+    once signed in; an htmx request is told to load the form as a whole page (``HX-Redirect``)."""
+    goal = request.full_path.rstrip("?") if request.method == "GET" else "/console/jobs"
+    query = {"next": goal, **({"failed": "1"} if failed else {})}
+    location = "/console/sign-in?" + urlencode(query)
+    response = Response("", status=303)
+    response.headers["Location"] = location
+    response.headers["Cache-Control"] = "no-store"
+    if request.headers.get("HX-Request"):
+        response.headers["HX-Redirect"] = location
+    return response
+
+
 class HttpApiAdapter:
     """WSGI app: request -> HTTP API event -> ``invoke`` -> response. A handler crash is a 500, as in AWS.
 
@@ -174,7 +197,10 @@ class HttpApiAdapter:
         tenants: bearer token -> tenant name. When given, the adapter acts as the HTTP API's JWT authorizer:
             a request needs ``Authorization: Bearer <token>`` of a known tenant (else 401, API Gateway's
             ``{"message": "Unauthorized"}``), and the tenant goes into the event as the ``sub`` claim at
-            ``requestContext.authorizer.jwt.claims``, where API Gateway puts a JWT's claims.
+            ``requestContext.authorizer.jwt.claims``, where API Gateway puts a JWT's claims. Console pages
+            (``/console...``) may carry the token in the sign-in's session cookie instead
+            (:data:`duetime.api.console.render.SESSION_COOKIE`); one without a known token is sent to the
+            sign-in form (303), which, with the static assets, needs none.
     """
 
     def __init__(self, invoke: Invoke, *, tenants: dict[str, str] | None = None) -> None:
@@ -206,12 +232,19 @@ class HttpApiAdapter:
             return refused(environ, start_response)
         if self.tenants:
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-            tenant = self.tenants.get(token.strip()) if scheme.lower() == "bearer" else None
-            if tenant is None:
+            bearer: str | None = (token.strip() or None) if scheme.lower() == "bearer" else None
+            console = request.path == CONSOLE or request.path.startswith(CONSOLE + "/")
+            if bearer is None and console:
+                bearer = session_token(request.cookies)
+            tenant = self.tenants.get(bearer) if bearer else None
+            if tenant is not None:
+                event["requestContext"]["authorizer"] = {"jwt": {"claims": {"sub": tenant}, "scopes": []}}
+            elif console and not request.path.startswith(CONSOLE_PUBLIC):
+                return _to_sign_in(request, failed=bearer is not None)(environ, start_response)
+            elif not console:
                 denied = Response('{"message":"Unauthorized"}', status=401, content_type="application/json")
                 denied.headers["WWW-Authenticate"] = "Bearer"
                 return denied(environ, start_response)
-            event["requestContext"]["authorizer"] = {"jwt": {"claims": {"sub": tenant}, "scopes": []}}
         try:
             result = self.invoke(event)
             response = from_http_api_result(result)

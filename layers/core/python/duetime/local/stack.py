@@ -114,6 +114,8 @@ class LocalOptions:
     notify_max_backoff_seconds: float = 3600.0
     #: bearer token -> tenant; empty = every request is the single tenant `local`
     tenants: dict[str, str] = field(default_factory=dict)
+    #: the console shell's OIDC sign-in (authorize URL, token URL, client id), as on AWS: ``--console-oidc``
+    console_oidc: tuple[str, str, str] | None = None
     #: reuse a moto server that is already running (its state survives a restart of Duetime's processes)
     aws_endpoint: str | None = None
     #: Lambda functions by name -> ``module:function`` (``--lambda``), over pyproject's [tool.duetime.local.lambdas]
@@ -233,6 +235,17 @@ class LocalStack:
                 }.items()
                 if v is not None
             },
+            **(
+                dict(
+                    zip(
+                        ("console_authorize_url", "console_token_url", "console_client_id"),
+                        opts.console_oidc,
+                        strict=True,
+                    )
+                )
+                if opts.console_oidc
+                else {}
+            ),
         }
 
     def _embedded_settings(self) -> Settings:

@@ -33,6 +33,7 @@ from duetime.domain.models import (
     CatchUpPolicy,
     Job,
     JobState,
+    JobSummary,
     LambdaTask,
     OnTimeout,
     OverlapPolicy,
@@ -401,6 +402,39 @@ def list_jobs(
     )
 
 
+def list_job_summaries(
+    *,
+    tenant: str,
+    deps: Deps,
+    limit: int = 20,
+    next_token: str | None = None,
+    state: str | None = None,
+    name_prefix: str | None = None,
+) -> tuple[list[JobSummary], str | None]:
+    """A page of :func:`list_jobs` as summaries read from the listing index alone (no job read): the same
+    order, filters and tokens; may lag a change of state by a moment."""
+    return deps.store.list_job_summaries(
+        tenant, limit=limit, page_token=next_token, state=state, name_prefix=name_prefix
+    )
+
+
+def next_fire_of(job: JobSummary, *, now: datetime) -> datetime | None:
+    """The listed job's next fire after ``now`` by its schedule (UTC; None when PAUSED, DELETED, a run-now
+    job or a schedule that has ended). Unlike :func:`describe_job` it does not read ``next_fire_at``, so a
+    slot the tick has not claimed yet while overdue is not shown."""
+    schedule = schedule_of(job)
+    if schedule is None or job.state not in (JobState.ACTIVE, JobState.COMPLETED):
+        return None
+    fires = schedule.preview(now, 1)
+    return fires[0] if fires else None
+
+
+def recent_runs(job_id: str, *, deps: Deps, limit: int) -> list[Run]:
+    """The job's ``limit`` most recent runs due by now, newest first (one Query of the hot store; the caller
+    has checked the job's tenant)."""
+    return deps.store.query_runs(job_id, limit=limit, until=deps.clock.now())[0]
+
+
 def query_history(
     job_id: str,
     *,
@@ -424,24 +458,6 @@ def query_history(
         state=state,
         since=since,
         until=until,
-    )
-
-
-def query_runs(
-    job_id: str,
-    *,
-    tenant: str,
-    deps: Deps,
-    limit: int = 20,
-    next_token: str | None = None,
-    state: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-) -> tuple[list[Run], str | None]:
-    """The job's runs, newest due time first, filtered by state and due-time window; and the next token."""
-    get_job(job_id, tenant=tenant, deps=deps)
-    return deps.store.query_runs(
-        job_id, limit=limit, page_token=next_token, state=state, since=since, until=until
     )
 
 

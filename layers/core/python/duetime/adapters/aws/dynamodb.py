@@ -70,6 +70,7 @@ from duetime.domain.models import (
     SESSION_RETAIN_SECONDS,
     AttemptRecord,
     Job,
+    JobSummary,
     Run,
     RunState,
     Session,
@@ -82,6 +83,9 @@ from duetime.domain.retention import RetentionPolicy
 from duetime.domain.timeutil import from_iso, to_iso
 
 _ser = TypeSerializer()
+#: the largest ``Limit`` of one page of a filtered Query (:meth:`DynamoStore._collect`); DynamoDB also ends a
+#: page at 1 MB read
+COLLECT_MAX_PAGE = 1000
 _de = TypeDeserializer()
 
 
@@ -504,11 +508,39 @@ class DynamoStore:
     ) -> tuple[list[Job], str | None]:
         """The tenant's jobs, newest first, filtered; returns (jobs, the next page's token or None).
 
-        The ``by_tenant`` index projects only ``state`` and ``name`` (what the filters read), so a claim,
-        which only moves ``next_fire_at``, never writes it (one index key per tenant would otherwise take a
-        write per run: DynamoDB's 1,000 WCU/s per partition would cap a tenant near 600 claims/s). The page's
-        jobs are then read with one strongly consistent ``BatchGetItem``; a job whose state changed since
-        the index saw it is checked again against the filters.
+        A page of :meth:`list_job_summaries` (the ``by_tenant`` index), then its jobs read with one strongly
+        consistent ``BatchGetItem``; a job whose state or name changed since the index saw it is checked
+        again against the filters.
+        """
+        entries, next_key = self.list_job_summaries(
+            tenant, limit=limit, page_token=page_token, state=state, name_prefix=name_prefix
+        )
+        found = self.get_jobs([e.job_id for e in entries])
+        wanted = [found[e.job_id] for e in entries if e.job_id in found]
+        return [
+            j
+            for j in wanted
+            if j.tenant == tenant
+            and (j.state.value == state if state else j.state.value != "DELETED")
+            and (not name_prefix or j.name.startswith(name_prefix))
+        ], next_key
+
+    def list_job_summaries(
+        self,
+        tenant: str,
+        *,
+        limit: int,
+        page_token: str | None = None,
+        state: str | None = None,
+        name_prefix: str | None = None,
+    ) -> tuple[list[JobSummary], str | None]:
+        """A page of the tenant's jobs, newest first, filtered, from the ``by_tenant`` index alone (one Query
+        when the filters drop little: :meth:`_collect`); returns (summaries, the next page's token or None).
+
+        The index projects only what a listing shows and filters read (``state``, ``name``, ``schedule``,
+        ``anchor``), none of which a claim writes: a claim moves ``next_fire_at`` and ``version`` only, so it
+        never writes the index (one index key per tenant would otherwise take a write per run: DynamoDB's
+        1,000 WCU/s per partition would cap a tenant near 600 claims/s). Eventually consistent.
         """
         filters, names, values = [], {"#t": TENANT_KEY}, {":t": tenant}
         if state:
@@ -529,23 +561,14 @@ class DynamoStore:
             "ExpressionAttributeValues": serialize(values),
             "ScanIndexForward": False,
         }
-        entries, next_key = self._collect(
+        return self._collect(
             kwargs,
             limit,
             page_token,
-            lambda entry: entry,
+            lambda entry: JobSummary.from_stored(_decode_json_fields(entry)),
             keys=(JOBS_PK, TENANT_KEY, CREATED_AT_KEY),
             scope={TENANT_KEY: tenant},
         )
-        found = self.get_jobs([str(e[JOBS_PK]) for e in entries])
-        wanted = [found[e[JOBS_PK]] for e in entries if e[JOBS_PK] in found]
-        return [
-            j
-            for j in wanted
-            if j.tenant == tenant
-            and (j.state.value == state if state else j.state.value != "DELETED")
-            and (not name_prefix or j.name.startswith(name_prefix))
-        ], next_key
 
     def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
         """The stored jobs among ``job_ids`` (absent ones left out), by id; strongly consistent
@@ -612,10 +635,16 @@ class DynamoStore:
         start_key = decode_page_token(page_token, expected=keys, must_match=scope)
         if start_key:
             kwargs["ExclusiveStartKey"] = start_key
+        ask = max(limit, 10)
         while len(items) < limit:
-            kwargs["Limit"] = max(limit - len(items), 10)
+            kwargs["Limit"] = ask
             out = self._ddb.query(**kwargs)
-            items.extend(out.get("Items", []))
+            got = out.get("Items", [])
+            items.extend(got)
+            # ``Limit`` counts the items read before the filter: when the filter dropped some, the matches
+            # are sparser than that, so read larger pages (x4, up to COLLECT_MAX_PAGE) instead of many small
+            # ones (reading through 10,000 jobs for a rare match takes 13 Queries, not 400)
+            ask = min(ask * 4, COLLECT_MAX_PAGE) if len(got) < ask else max(limit - len(items), 10)
             if "LastEvaluatedKey" not in out:
                 if len(items) <= limit:
                     return [build(deserialize(i)) for i in items], None

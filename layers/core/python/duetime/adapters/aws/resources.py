@@ -27,6 +27,8 @@ DUE_INDEX_SK = "next_fire_at"
 JOBS_BY_TENANT_INDEX = "by_tenant"
 TENANT_KEY = "tenant"
 CREATED_AT_KEY = "created_at"
+#: the non-key attributes the listing index holds (``domain.models.JobSummary``'s fields)
+JOBS_BY_TENANT_PROJECTION = ("state", "name", "schedule", "anchor")
 
 # --- runs table -------------------------------------------------------------------------------------------
 RUNS_PK = "job_id"
@@ -173,8 +175,12 @@ def jobs_table_definition(name: str) -> dict[str, Any]:
                     {"AttributeName": TENANT_KEY, "KeyType": "HASH"},
                     {"AttributeName": CREATED_AT_KEY, "KeyType": "RANGE"},
                 ],
-                # only what list filters read: a claim (next_fire_at, version) never writes this index
-                "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["state", "name"]},
+                # what a listing shows and its filters read (JobSummary): a claim (next_fire_at,
+                # version, updated_at) never writes this index
+                "Projection": {
+                    "ProjectionType": "INCLUDE",
+                    "NonKeyAttributes": list(JOBS_BY_TENANT_PROJECTION),
+                },
             },
         ],
     }

@@ -49,6 +49,7 @@ from duetime.domain.models import (
     AttemptRecord,
     Job,
     JobState,
+    JobSummary,
     Run,
     RunState,
     Session,
@@ -387,6 +388,25 @@ class SqliteStore:
     ) -> tuple[list[Job], str | None]:
         """The tenant's jobs, newest first (``created_at``, then job id, descending), DELETED ones only when
         ``state="DELETED"``; and the next page's token (None on the last page)."""
+        docs, token = self._list_job_docs(tenant, limit, page_token, state, name_prefix)
+        return [Job.from_stored(doc) for doc in docs], token
+
+    def list_job_summaries(
+        self,
+        tenant: str,
+        *,
+        limit: int,
+        page_token: str | None = None,
+        state: str | None = None,
+        name_prefix: str | None = None,
+    ) -> tuple[list[JobSummary], str | None]:
+        """:meth:`list_jobs`' page as summaries (the same query; only the summary's fields are validated)."""
+        docs, token = self._list_job_docs(tenant, limit, page_token, state, name_prefix)
+        return [JobSummary.from_stored(doc) for doc in docs], token
+
+    def _list_job_docs(
+        self, tenant: str, limit: int, page_token: str | None, state: str | None, name_prefix: str | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
         _check_limit(limit)
         after = self._decode_token(page_token, listing="jobs", scope=tenant, parts=2)
         sql = "SELECT doc, created_at, job_id FROM jobs WHERE tenant = ?"
@@ -406,12 +426,12 @@ class SqliteStore:
         sql += " ORDER BY created_at DESC, job_id DESC LIMIT ?"
         params.append(limit + 1)
         rows = self.db.read(sql, params)
-        jobs = [Job.from_stored(json.loads(r[0])) for r in rows[:limit]]
+        docs = [json.loads(r[0]) for r in rows[:limit]]
         token = None
         if len(rows) > limit:
             last = rows[limit - 1]
             token = self._encode_token("jobs", tenant, [str(last[1]), str(last[2])])
-        return jobs, token
+        return docs, token
 
     def query_due(self, shard: int, until: datetime) -> Iterator[Job]:
         """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (then by job id)."""

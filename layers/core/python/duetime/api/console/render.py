@@ -21,9 +21,11 @@ from datetime import UTC, datetime, timedelta
 from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 from zoneinfo import ZoneInfo
 
 from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.shared.cookies import Cookie, SameSite
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
@@ -37,6 +39,11 @@ HTMX = "htmx-2.0.4.min.js"
 
 CSRF_COOKIE = "duetime_csrf"
 CSRF_FIELD = "csrf"
+#: the signed-in tenant's bearer token (``/console/sign-in``): ``HttpOnly`` (no script reads it),
+#: ``SameSite=Strict`` (no other site's request carries it), path ``/console`` (the JSON API never takes it)
+SESSION_COOKIE = "duetime_session"
+#: the longest token the sign-in form takes
+MAX_TOKEN_CHARS = 2048
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -129,9 +136,35 @@ def html_response(
     return Response(status_code=status, content_type="text/html; charset=utf-8", body=body, headers=headers)
 
 
-def redirect(location: str) -> Response[str]:
-    """303 See Other to ``location`` (a path of the console): the answer to a POST that did its work."""
-    return Response(status_code=303, body="", headers={**SECURITY_HEADERS, "Location": location})
+def redirect(location: str, *, cookies: Sequence[Cookie] = ()) -> Response[str]:
+    """303 See Other to ``location`` (a path of the console): the answer to a POST that did its work;
+    ``cookies``: cookies to set with it."""
+    return Response(
+        status_code=303,
+        body="",
+        headers={**SECURITY_HEADERS, "Location": location},
+        cookies=list(cookies),
+    )
+
+
+def session_cookie(token: str | None, *, secure: bool) -> Cookie:
+    """The cookie keeping ``token`` (percent-encoded) as :data:`SESSION_COOKIE`, ``Secure`` when the
+    request came over HTTPS; None: one that removes it."""
+    return Cookie(
+        SESSION_COOKIE,
+        quote(token, safe="") if token is not None else "",
+        path="/console",
+        secure=secure,
+        http_only=True,
+        same_site=SameSite.STRICT_MODE,
+        max_age=0 if token is None else None,
+    )
+
+
+def session_token(cookies: Mapping[str, str]) -> str | None:
+    """The bearer token a :data:`SESSION_COOKIE` among ``cookies`` keeps (None without one)."""
+    value = cookies.get(SESSION_COOKIE)
+    return unquote(value) if value else None
 
 
 # ---- views ---------------------------------------------------------------------------------------------

@@ -19,6 +19,14 @@ Routes (GET unless marked):
     /console/dead-letters          dead-lettered runs, ?next_token=; each with re-drive
     /console/lag                   the tenant's last hour: p50/p99 lag per minute, runs started and failed
     /console/static/{name}         the vendored htmx, the stylesheet
+    /console/sign-in               a stack with tenants: the tenant's token; POST: keep it in a cookie
+    /console/sign-out              POST: forget it
+    /console/shell                 AWS: the static shell signing in at the OIDC issuer (no data)
+
+Signing in (``duetime local --tenant NAME:TOKEN``): the form keeps the token in an ``HttpOnly``,
+``SameSite=Strict`` cookie (path ``/console``); the local stack's authorizer takes it as the bearer token of
+console requests (:class:`duetime.local.http_adapter.HttpApiAdapter`), so the tenant is found exactly as for
+the API's ``Authorization: Bearer``. On AWS the static shell sends the JWT in that header instead.
 """
 
 from __future__ import annotations
@@ -28,9 +36,10 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from functools import wraps
 from typing import Any, ParamSpec
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
@@ -46,7 +55,7 @@ from duetime.config.deps import Deps
 from duetime.domain.admission import schedule_of
 from duetime.domain.api_models import JobResponse, RunResponse, UpdateJobRequest, lag_stats, schedule_lag
 from duetime.domain.errors import DuetimeError, NotFoundError
-from duetime.domain.models import Job, JobState, Run, RunState
+from duetime.domain.models import Job, JobState, JobSummary, Run, RunState
 from duetime.services import jobs, slots
 from duetime.services.lag import tenant_lag
 
@@ -63,6 +72,8 @@ JOB_SLOTS = 30
 NEXT_FIRES = 10
 #: most listing Queries run side by side (each job's recent runs)
 READERS = 8
+#: the longest name filter (as ``GET /jobs?name_prefix=``)
+MAX_NAME_FILTER = 128
 #: the fields of a job its edit form shows (the rest of a PATCH body may be added by hand)
 EDITABLE = (
     "name",
@@ -111,6 +122,7 @@ def page(template: str, *, status: int = 200, **context: Any) -> Response[str]:
     """``template`` as a page, with the CSRF token its forms carry (set as a cookie when new)."""
     token, new = r.csrf_token(_event())
     context.setdefault("nav", "")
+    context.setdefault("signed_in", r.session_token(r.cookies_of(_event())) is not None)
     body = r.render(template, csrf=token, **context)
     return r.html_response(body, status=status, token=token, new_token=new)
 
@@ -170,14 +182,15 @@ def _path(*parts: str) -> str:
 
 
 # ---- views ---------------------------------------------------------------------------------------------
-def job_row(job: Job, deps: Deps) -> dict[str, Any]:
-    """One line of the jobs list: the job, its next fire, last run and sparkline (one Query of its runs)."""
-    fires, recent = jobs.describe_job(job, deps, previews=1, recent=SPARK_RUNS)
+def job_row(job: JobSummary, deps: Deps, now: datetime) -> dict[str, Any]:
+    """One line of the jobs list: the listed job, its next fire by its schedule, its last run and sparkline
+    (one Query of its recent runs)."""
+    recent = jobs.recent_runs(job.job_id, deps=deps, limit=SPARK_RUNS)
     schedule = schedule_of(job)
     return {
         "job": job,
         "describe": schedule.describe() if schedule is not None else "Once, now",
-        "next_fire": fires[0] if fires else None,
+        "next_fire": jobs.next_fire_of(job, now=now),
         "last": recent[0] if recent else None,
         "spark": r.sparkline([schedule_lag(run) for run in reversed(recent)]),
     }
@@ -186,6 +199,82 @@ def job_row(job: Job, deps: Deps) -> dict[str, Any]:
 @router.get("/console", include_in_schema=False)
 def console_home() -> Response[str]:
     return Response(status_code=303, body="", headers={**r.SECURITY_HEADERS, "Location": "/console/jobs"})
+
+
+@router.get("/console/sign-in", include_in_schema=False)
+def sign_in_page() -> Response[str]:
+    """The sign-in form of a stack with tenants: the tenant's token, kept in :data:`render.SESSION_COOKIE`.
+    ``?failed=1``: the stack's authorizer refused the token the cookie held (a 401 page); ``?next=``: the
+    console page to go to once signed in."""
+    query = _query()
+    failed = "failed" in query
+    error = (
+        {"field": "token", "message": "that token is not one of this stack's tenants'"} if failed else None
+    )
+    return page(
+        "sign_in.html", status=401 if failed else 200, error=error, next=_next_page(query.get("next"))
+    )
+
+
+@router.post("/console/sign-in", include_in_schema=False)
+@checked_post
+def sign_in() -> Response[str]:
+    """Keep the form's token in the session cookie and go on to ``next`` (the jobs page by default). The
+    token is checked where every request's is, by the authorizer, on the next page: a wrong one comes back
+    here with ``?failed=1``."""
+    form = _form()
+    token, goal = form.get("token", "").strip(), _next_page(form.get("next"))
+    why = None
+    if not token:
+        why = "token: required"
+    elif len(token) > r.MAX_TOKEN_CHARS or not token.isprintable():
+        why = f"token: at most {r.MAX_TOKEN_CHARS} printable characters"
+    if why is not None:
+        return page("sign_in.html", status=400, error={"field": "token", "message": why}, next=goal)
+    return r.redirect(goal, cookies=[r.session_cookie(token, secure=_https())])
+
+
+@router.post("/console/sign-out", include_in_schema=False)
+@checked_post
+def sign_out() -> Response[str]:
+    """Forget the session cookie's token; 303 to the sign-in form."""
+    return r.redirect("/console/sign-in", cookies=[r.session_cookie(None, secure=_https())])
+
+
+def _next_page(value: str | None) -> str:
+    """``value`` if it is a console page of this origin (never another site: no ``//``, no scheme), else the
+    jobs page."""
+    if value and value.startswith("/console/") and "//" not in value and "\\" not in value:
+        return value
+    return "/console/jobs"
+
+
+def _https() -> bool:
+    headers = router.current_event.headers
+    return headers.get("x-forwarded-proto", "").lower() == "https"
+
+
+@router.get("/console/shell", include_in_schema=False)
+def shell(deps: ServiceDeps) -> Response[str]:
+    """The static shell of a console behind a JWT authorizer (AWS): no data, served without authorization.
+    Its script signs the user in at the OIDC issuer (authorization code with PKCE), keeps the access token
+    in memory and loads every page with htmx, ``Authorization: Bearer`` on each request. 404 where no
+    sign-in is configured (``DUETIME_CONSOLE_*``)."""
+    settings = deps.settings
+    if not (settings.console_authorize_url and settings.console_token_url and settings.console_client_id):
+        return error_page(404, "not_found", "this stack has no console sign-in (DUETIME_CONSOLE_*)")
+    body = r.render(
+        "shell.html",
+        authorize_url=settings.console_authorize_url,
+        token_url=settings.console_token_url,
+        client_id=settings.console_client_id,
+    )
+    response = r.html_response(body)
+    token_origin = "{0.scheme}://{0.netloc}".format(urlsplit(settings.console_token_url))
+    response.headers["Content-Security-Policy"] = r.CSP.replace(
+        "connect-src 'self'", f"connect-src 'self' {token_origin}"
+    )
+    return response
 
 
 @router.get("/console/static/<name>", include_in_schema=False)
@@ -206,13 +295,20 @@ def static(name: str) -> Response[str]:
 @router.get("/console/jobs", include_in_schema=False)
 @html_errors
 def jobs_page(deps: ServiceDeps, tenant: Tenant) -> Response[str]:
-    """The jobs list: a page of :data:`PAGE_SIZE` jobs (never the whole listing), newest first."""
+    """The jobs list: a page of :data:`PAGE_SIZE` jobs (never the whole listing), newest first.
+
+    Its reads: one page of the listing index (:func:`duetime.services.jobs.list_job_summaries`: the jobs
+    themselves are not read) and one Query of each listed job's :data:`SPARK_RUNS` most recent runs,
+    :data:`READERS` at a time; nothing else, whatever the tenant holds.
+    """
     query = _query()
     state = query.get("state")
     if state is not None and state not in JobState.__members__:
         return error_page(400, "invalid_field", f"state: not one of {', '.join(JobState)}", "state")
     name = query.get("name")
-    found, token = jobs.list_jobs(
+    if name is not None and len(name) > MAX_NAME_FILTER:
+        return error_page(400, "invalid_field", f"name: at most {MAX_NAME_FILTER} characters", "name")
+    found, token = jobs.list_job_summaries(
         tenant=tenant,
         deps=deps,
         limit=PAGE_SIZE,
@@ -220,15 +316,19 @@ def jobs_page(deps: ServiceDeps, tenant: Tenant) -> Response[str]:
         state=state,
         name_prefix=name,
     )
+    now = deps.clock.now()
     if len(found) > 1:
         with ThreadPoolExecutor(max_workers=min(READERS, len(found))) as pool:
-            rows = list(pool.map(lambda job: job_row(job, deps), found))
+            rows = list(pool.map(lambda job: job_row(job, deps, now), found))
     else:
-        rows = [job_row(job, deps) for job in found]
+        rows = [job_row(job, deps, now) for job in found]
     filters = {k: v for k, v in (("state", state), ("name", name)) if v}
     next_url = f"/console/jobs?{urlencode({**filters, 'next_token': token})}" if token else None
     first_url = f"/console/jobs?{urlencode(filters)}" if query.get("next_token") else None
-    template = "jobs_table.html" if router.current_event.headers.get("hx-request") else "jobs.html"
+    # the filter's own request (htmx, aimed at the table) gets the table alone; any other, the page
+    template = (
+        "jobs_table.html" if router.current_event.headers.get("hx-target") == "jobs-table" else "jobs.html"
+    )
     return page(
         template,
         nav="jobs",
@@ -238,14 +338,15 @@ def jobs_page(deps: ServiceDeps, tenant: Tenant) -> Response[str]:
         states=list(JobState),
         next_url=next_url,
         first_url=first_url,
-        now=deps.clock.now(),
+        now=now,
     )
 
 
 @router.get("/console/jobs/<job_id>", include_in_schema=False)
 @html_errors
 def job_page(job_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
-    """One job: its schedule in words, its next 10 fires (with DST notes), its slots, its runs."""
+    """One job: its schedule in words, its next 10 fires (with DST notes), its slots, and a page of its runs
+    from its whole history (the hot store and the archive, as ``GET /jobs/{id}/runs``; ``?runs_token=``)."""
     job = jobs.get_job(job_id, tenant=tenant, deps=deps)
     now = deps.clock.now()
     fires, recent = jobs.describe_job(job, deps, previews=NEXT_FIRES, recent=100)
@@ -254,7 +355,10 @@ def job_page(job_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
         fires = schedule.preview(now, NEXT_FIRES)  # the schedule's, once resumed
     zone = job.schedule.timezone if job.schedule is not None else "UTC"
     found_slots, _ = slots.list_slots(job.job_id, tenant=tenant, deps=deps, limit=JOB_SLOTS)
-    runs, runs_token = jobs.query_runs(job.job_id, tenant=tenant, deps=deps, limit=JOB_RUNS)
+    runs_page = _query().get("runs_token")
+    runs, runs_token = jobs.query_history(
+        job.job_id, tenant=tenant, deps=deps, limit=JOB_RUNS, next_token=runs_page
+    )
     return page(
         "job.html",
         nav="jobs",
@@ -266,7 +370,10 @@ def job_page(job_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
         zone=zone,
         slots=found_slots,
         runs=runs,
-        more_runs=runs_token is not None,
+        older_runs_url=_path("jobs", job.job_id) + "?" + urlencode({"runs_token": runs_token}) + "#h-runs"
+        if runs_token
+        else None,
+        newest_runs_url=_path("jobs", job.job_id) + "#h-runs" if runs_page else None,
         actions=_job_actions(job),
         done=_query().get("done"),
         now=now,
@@ -327,18 +434,42 @@ def confirm_job_action(job_id: str, action: str, deps: ServiceDeps, tenant: Tena
     if action not in JOB_ACTIONS:
         raise NotFoundError("page", f"/console/jobs/{job_id}/{action}")
     job = jobs.get_job(job_id, tenant=tenant, deps=deps)
-    label, why = JOB_ACTIONS[action]
-    return page(
-        "confirm.html",
-        nav="jobs",
-        what=f"{label} job",
+    return confirmation(
+        JOB_ACTIONS[action],
+        "job",
+        ("jobs", job.job_id),
+        action,
         subject=job.name,
         subject_id=job.job_id,
+        cancel_running=action == "delete",
+    )
+
+
+def confirmation(
+    labels: tuple[str, str],
+    kind: str,
+    where: tuple[str, str],
+    action: str,
+    *,
+    subject: str,
+    subject_id: str,
+    nav: str = "jobs",
+    cancel_running: bool = False,
+) -> Response[str]:
+    """The confirmation page of ``action`` on the ``kind`` at ``/console/{where}``: its ``labels`` (the
+    button's, why), a POST form to ``/console/{where}/{action}`` carrying the CSRF token, a way back."""
+    label, why = labels
+    return page(
+        "confirm.html",
+        nav=nav,
+        what=f"{label} {kind}",
+        subject=subject,
+        subject_id=subject_id,
         why=why,
         label=label,
-        action_url=_path("jobs", job.job_id, action),
-        back_url=_path("jobs", job.job_id),
-        cancel_running=action == "delete",
+        action_url=_path(*where, action),
+        back_url=_path(*where),
+        cancel_running=cancel_running,
     )
 
 
@@ -420,21 +551,18 @@ def run_log(run_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
 @router.get("/console/runs/<run_id>/<action>", include_in_schema=False)
 @html_errors
 def confirm_run_action(run_id: str, action: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
+    """A confirmation of ``action`` (cancel, re-drive) on a run: a POST form with the CSRF token."""
     if action not in RUN_ACTIONS:
         raise NotFoundError("page", f"/console/runs/{run_id}/{action}")
     run = jobs.get_run(run_id, tenant=tenant, deps=deps)
-    label, why = RUN_ACTIONS[action]
-    return page(
-        "confirm.html",
-        nav="dead-letters" if action == "retry" else "jobs",
-        what=f"{label} run",
+    return confirmation(
+        RUN_ACTIONS[action],
+        "run",
+        ("runs", run.run_id),
+        action,
         subject=run.run_id,
         subject_id=run.state.value,
-        why=why,
-        label=label,
-        action_url=_path("runs", run.run_id, action),
-        back_url=_path("runs", run.run_id),
-        cancel_running=False,
+        nav="dead-letters" if action == "retry" else "jobs",
     )
 
 

@@ -212,3 +212,35 @@ def _patch_at_once(default_stack: Stack) -> None:
         "skip",
     )
     assert final["version"] == job["version"] + len(patches)
+
+
+def test_slots_due_in_a_pause_with_catch_up_none_are_skipped_paused_claimed_ahead_or_not(
+    stack: Stack,
+) -> None:
+    # Given a rate(10 seconds) job (catch-up none) on a stack whose tick claims 3 s ahead
+    status, job = stack.request("POST", "/jobs", _job("paused-slots", catch_up={"policy": "none"}))
+    assert status == 201, job
+    job_id = job["job_id"]
+
+    def claimed_ahead() -> dict | None:
+        _, page = stack.request("GET", f"/jobs/{job_id}/runs")
+        ahead = [r for r in page["runs"] if r["state"] == "PENDING" and _ts(r["due_at"]) > datetime.now(UTC)]
+        return ahead[0] if ahead else None
+
+    # When it is paused while its next slot is already claimed, for 40 s, then resumed
+    ahead = wait_for("a slot claimed ahead", claimed_ahead, timeout=30)
+    assert stack.request("POST", f"/jobs/{job_id}/pause")[0] == 200
+    paused_at = datetime.now(UTC)
+    time.sleep(40)
+    resumed_at = datetime.now(UTC)
+    assert stack.request("POST", f"/jobs/{job_id}/resume")[0] == 200
+    # Then every slot due in the pause is skipped, reason paused: the one claimed ahead (its run SKIPPED) and
+    # those never claimed (no run)
+    query = f"since={paused_at:%Y-%m-%dT%H:%M:%S.%f}Z&until={resumed_at - timedelta(seconds=1):%Y-%m-%dT%H:%M:%S.%f}Z"
+    status, body = stack.request("GET", f"/jobs/{job_id}/slots?{query.replace('+', '%2B')}")
+    assert status == 200, body
+    slots = body["slots"]
+    assert len(slots) >= 3, slots
+    assert {(s["outcome"], s["reason"]) for s in slots} == {("skipped", "paused")}, slots
+    assert ahead["run_id"] in {s["run_id"] for s in slots}
+    assert any(s["run_id"] is None for s in slots)

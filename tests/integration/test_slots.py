@@ -68,7 +68,7 @@ def test_slots_say_which_fires_ran_were_skipped_by_a_pause_missed_are_pending_or
         ("12:07", "upcoming", None),
         ("12:06", "pending", "PENDING"),  # claimed ahead by the tick
         ("12:05", "pending", "PENDING"),  # due now: the resume's catch-up (latest) runs the newest slot
-        ("12:04", "missed", None),  # due while paused, never claimed: dropped by the catch-up policy
+        ("12:04", "skipped", "paused"),  # due while paused, never claimed: dropped by the catch-up policy
         ("12:03", "skipped", "paused"),  # claimed before the pause, held, then skipped at the resume
         ("12:02", "ran", "SUCCEEDED"),
         ("12:01", "ran", "RETRY_WAIT"),  # its first attempt failed, a retry waits

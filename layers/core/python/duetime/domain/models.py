@@ -355,6 +355,17 @@ StdinText = Annotated[str, SubmitOnly(Field(max_length=MAX_STDIN_CHARS), _no_nul
 MAX_TASK_BYTES = 96 * 1024
 
 
+#: how many past pauses a job keeps (:attr:`Job.pauses`; about 70 bytes each on the job's row)
+PAUSES_KEPT = 10
+
+
+class PauseSpan(StoredModel):
+    """One pause of a job: from ``paused_at`` (its pause) to ``resumed_at`` (its resume), UTC."""
+
+    paused_at: Instant
+    resumed_at: Instant
+
+
 class ScheduleSpec(StoredModel):
     """When a job fires. ``None`` instead of a schedule means "run once, now"."""
 
@@ -784,6 +795,9 @@ class Job(StoredModel):
     paused_next_fire_at: Instant | None = None
     #: PAUSED jobs: when the pause began (the resume decides every slot due since, claimed or not)
     paused_at: Instant | None = None
+    #: the job's last :data:`PAUSES_KEPT` pauses, oldest first: a slot due in one that no run was claimed for
+    #: is listed ``skipped`` (``paused``) among the job's slots, not ``missed``
+    pauses: list[PauseSpan] = Field(default_factory=list)
     #: when the schedule was last changed by a PATCH: runs claimed for later instants must be its slots
     schedule_changed_at: Instant | None = None
     state: JobState

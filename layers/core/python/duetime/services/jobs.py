@@ -30,6 +30,7 @@ from duetime.domain.lifecycle import message_for
 from duetime.domain.logs import PACK_PREFIX, log_key
 from duetime.domain.models import (
     MAX_LAMBDA_TIMEOUT_SECONDS,
+    PAUSES_KEPT,
     CatchUpPolicy,
     Job,
     JobState,
@@ -37,6 +38,7 @@ from duetime.domain.models import (
     LambdaTask,
     OnTimeout,
     OverlapPolicy,
+    PauseSpan,
     RetryPolicy,
     Run,
     RunState,
@@ -812,6 +814,9 @@ def resume_job(job_id: str, *, tenant: str, deps: Deps) -> Job:
             "next_fire_at": nxt,
             "paused_next_fire_at": None,
             "paused_at": None,
+            "pauses": [*job.pauses, PauseSpan(paused_at=job.paused_at or since, resumed_at=now)][
+                -PAUSES_KEPT:
+            ],
             "missed_slots": job.missed_slots + len(unclaimed) - len(keep_unclaimed),
             "updated_at": now,
             "version": job.version + 1,

@@ -9,7 +9,8 @@ A **slot** is one due time of the job's schedule. Its outcome comes from the run
   (``cancelled``);
 - ``missed``: skipped by the catch-up policy (a SKIPPED run with reason ``missed``), or a past slot that
   never got a run (an outage longer than the catch-up window, or a slot the catch-up policy dropped
-  without a run);
+  without a run); a slot due in one of the job's last pauses (``Job.pauses``) that the resume's catch-up
+  dropped is ``skipped`` (``paused``) whether it was claimed ahead or not;
 - ``pending``: its run is claimed but not started yet, or it is due and not claimed yet (the tick claims
   up to a tick period ahead; a paused job's slots wait for the resume, whose catch-up policy decides);
 - ``upcoming``: due later than now (reason ``paused`` while the job is paused: it runs only if resumed).
@@ -129,6 +130,8 @@ def _unclaimed(job: Job, due_at: datetime, now: datetime) -> Slot:
         return Slot(due_at, "pending", reason="paused")  # the resume's catch-up policy decides
     if job.next_fire_at is not None and due_at >= job.next_fire_at:
         return Slot(due_at, "pending")  # due, not claimed yet (the tick is behind, or the stack was down)
+    if any(p.paused_at <= due_at < p.resumed_at for p in job.pauses):
+        return Slot(due_at, "skipped", reason="paused")  # due in a pause, dropped by the resume's catch-up
     return Slot(due_at, "missed")
 
 

@@ -11,6 +11,8 @@ Parts (default: all, in this order):
   submits   POST /jobs of a cron job from 8 concurrent keep-alive clients, on each backend -> submits/s, p50/p99
   tick      claims/s of one shard's tick against moto's server
   console   the console's jobs page for a tenant with 10,000 jobs, on each backend -> server ms p50/p99
+  notify    run lag while a webhook receiver is down for 2 minutes, against the same load without rules;
+            then every event delivered, none twice (issue 17)
   model     the scale projection for 100M runs/day, 12K starts/s (from the parts' results)
 
 Results: a compact table on stdout, ``bench/results/latest.json`` (the parts run now merged over the previous
@@ -33,7 +35,7 @@ from typing import Any
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 #: the lag part's backends, the default (duetime local's) first (bench.stack.BACKENDS, without importing it)
 BACKENDS = ("sqlite", "moto")
-PARTS = ("cost", "lag", "baseline", "submits", "tick", "console", "model")
+PARTS = ("cost", "lag", "baseline", "submits", "tick", "console", "notify", "model")
 FULL_SIZES = (100, 1000, 5000)
 QUICK_SIZES = (100, 300)
 FULL_TICK_M = (1000,)
@@ -332,6 +334,21 @@ def print_console(found: dict[str, Any]) -> None:
     )
 
 
+def print_notify(found: dict[str, Any]) -> None:
+    quiet, down = found["quiet"], found["receiver_down"]
+    print("\n== Notifications off the hot path: run lag (s), the same load with and without rules ==")
+    rows = [
+        [label, phase["runs"], phase["p50_s"], phase["p99_s"], phase["max_s"]]
+        for label, phase in (("no rules", quiet), (f"receiver down {down['receiver_down_s']:g} s", down))
+    ]
+    print(table(rows, ["", "runs", "p50", "p99", "max"]))
+    print(
+        f"events: {down['events_received']} of {down['events_expected']} delivered "
+        f"{down['all_delivered_s_after_up']} s after the receiver came up; "
+        f"{down['event_ids_received_twice']} event ids twice, {down['bad_signatures']} bad signatures"
+    )
+
+
 def _save(results: dict[str, Any], path: Path) -> None:
     """Write what is measured so far (a later part failing keeps the earlier parts' figures)."""
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -478,6 +495,18 @@ def main(argv: list[str] | None = None) -> int:
             }
             _save(results, latest_path)
         print_console(results["console"])
+    if "notify" in parts:
+        from bench import notify
+
+        print(
+            "notify: run lag with a webhook receiver down, against the same load without rules...", flush=True
+        )
+        results["notify"] = {
+            **notify.measure(quick=args.quick),
+            "commit": results["meta"]["machine"]["commit"],
+        }
+        _save(results, latest_path)
+        print_notify(results["notify"])
     if "model" in parts:
         from bench import model
 

@@ -25,13 +25,12 @@ from aws_cdk import aws_dynamodb as ddb
 from aws_cdk import aws_glue as glue
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_sqs as sqs
 from aws_cdk.aws_lambda_event_sources import DynamoEventSource, SqsDlq
 from constructs import Construct
 
-from duetime.adapters.aws.resources import DLQ_RETENTION_SECONDS
 from duetime.domain.archive import DATA_PREFIX, INDEX_PREFIX
 from infra.config import StageConfig
+from infra.constructs.queues import dead_letter_queue
 from infra.constructs.storage import Storage, lifecycle_rule
 from infra.nag import acknowledge
 
@@ -130,17 +129,8 @@ class Archive(Construct):
             ],
             removal_policy=RemovalPolicy.RETAIN,
         )
-        self.dead_letter_queue = sqs.Queue(
-            self,
-            "ArchiverDlq",
-            retention_period=Duration.seconds(DLQ_RETENTION_SECONDS),
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-        )
-        acknowledge(
-            self.dead_letter_queue,
-            "AwsSolutions-SQS3",
-            "it is the archiver's dead-letter queue (the stream mapping's on-failure destination)",
+        self.dead_letter_queue = dead_letter_queue(
+            self, "ArchiverDlq", of="the archiver (the stream mapping's on-failure destination)"
         )
         self._athena(config)
 

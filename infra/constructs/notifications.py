@@ -33,8 +33,8 @@ from duetime.adapters.aws.resources import (
 )
 from duetime.domain.notifications import EVENT_STATES
 from infra.config import StageConfig
+from infra.constructs.queues import dead_letter_queue
 from infra.constructs.storage import table_from_definition
-from infra.nag import acknowledge
 
 #: stream records per notifier invocation (it makes no HTTP call on them: a few DynamoDB writes each)
 STREAM_BATCH = 100
@@ -65,17 +65,8 @@ class Notifications(Construct):
             time_to_live_attribute=NOTIFICATIONS_TTL_ATTRIBUTE,
             name="notifications",
         )
-        self.dead_letter_queue = sqs.Queue(
-            self,
-            "Dlq",
-            retention_period=Duration.seconds(DLQ_RETENTION_SECONDS),
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-        )
-        acknowledge(
-            self.dead_letter_queue,
-            "AwsSolutions-SQS3",
-            "it is the dead-letter queue of the notifications queue and of the notifier's stream mapping",
+        self.dead_letter_queue = dead_letter_queue(
+            self, "Dlq", of="the notifications queue and of the notifier's stream mapping"
         )
         self.queue = sqs.Queue(
             self,

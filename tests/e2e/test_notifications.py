@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from duetime.domain.notifications import verify_signature
-from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.e2e.conftest import FAST, Stack, start_stack, stop_stack
 from tests.receiver import Receiver
 
 pytestmark = pytest.mark.e2e
@@ -23,21 +23,7 @@ SECRET = "e2e-secret-0123456789"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = start_stack(
-        tmp_path_factory.mktemp("notify"),
-        "--tick-seconds",
-        "1",
-        "--workers",
-        "1",
-        "--lease-seconds",
-        "4",
-        "--heartbeat-seconds",
-        "1",
-        "--pending-grace-seconds",
-        "5",
-        "--notify-max-backoff-seconds",
-        "1",
-    )
+    s = start_stack(tmp_path_factory.mktemp("notify"), *FAST, "--notify-max-backoff-seconds", "1")
     yield s
     stop_stack(s)
 

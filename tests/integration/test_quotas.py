@@ -66,6 +66,13 @@ def _at(when) -> dict:  # type: ignore[no-untyped-def]
     return {**JOB, "schedule": {"expression": f"at({when:%Y-%m-%dT%H:%M:%S})"}}
 
 
+def _active_jobs(api: ModuleType, clock, tenant: str, count: int) -> None:  # type: ignore[no-untyped-def]
+    """Submit ``count`` scheduled jobs for ``tenant``, 20 s apart (under the submit rate)."""
+    for _ in range(count):
+        clock.advance(20)
+        assert call(api, "POST", "/jobs", JOB, tenant=tenant)[0] == 201
+
+
 def _quota_left(api: ModuleType, clock, tenant: str) -> bool:
     """Whether one more scheduled job fits ``tenant``'s active-jobs quota (the probe is deleted again)."""
     clock.advance(20)  # stay under the submit rate
@@ -79,9 +86,7 @@ def test_pausing_and_resuming_a_completed_job_with_a_claimed_run_leaves_the_quot
     api: ModuleType, small_quotas, clock
 ) -> None:
     # Given four active jobs (quota 5) and a one-off due in 30 s, COMPLETED at its submit (its run claimed)
-    for _ in range(4):
-        clock.advance(20)
-        assert call(api, "POST", "/jobs", JOB, tenant="alice")[0] == 201
+    _active_jobs(api, clock, "alice", 4)
     clock.advance(20)
     status, at_job, _ = call(api, "POST", "/jobs", _at(clock.now() + timedelta(seconds=30)), tenant="alice")
     assert status == 201 and at_job["state"] == "COMPLETED"
@@ -98,9 +103,7 @@ def test_pausing_and_resuming_a_completed_job_with_a_claimed_run_leaves_the_quot
 def test_a_completed_job_patched_to_a_schedule_with_fires_ahead_counts_again(
     api: ModuleType, small_quotas, clock
 ) -> None:
-    for _ in range(4):
-        clock.advance(20)
-        assert call(api, "POST", "/jobs", JOB, tenant="alice")[0] == 201
+    _active_jobs(api, clock, "alice", 4)
     clock.advance(20)
     status, done, _ = call(api, "POST", "/jobs", {**JOB, "schedule": None}, tenant="alice")
     assert status == 201 and done["state"] == "COMPLETED"
@@ -182,9 +185,7 @@ def test_one_poll_of_a_tenants_runs_starts_no_more_than_its_running_quota(deps: 
 def test_a_paused_run_now_job_never_counts_not_even_when_deleted(
     api: ModuleType, small_quotas, clock
 ) -> None:
-    for _ in range(5):
-        clock.advance(20)
-        assert call(api, "POST", "/jobs", JOB, tenant="alice")[0] == 201
+    _active_jobs(api, clock, "alice", 5)
     clock.advance(20)
     status, once, _ = call(api, "POST", "/jobs", {**JOB, "schedule": None}, tenant="alice")
     assert status == 201

@@ -66,14 +66,9 @@ class Stack:
         )
 
 
-def start_stack(workdir: Path, *extra: str, backend: str = "sqlite") -> Stack:
-    """``duetime local`` in ``workdir`` on ``backend`` (the default one: sqlite; "moto" for the AWS
-    adapters), once it says Ready. One API process unless ``extra`` says otherwise (the default, one per
-    core, costs each of the suite's stacks another process start; tests/e2e/test_api_processes.py covers
-    several)."""
-    if "--api-processes" not in extra:
-        extra = ("--api-processes", "1", *extra)
-    cmd = [
+def local_argv(*extra: str, backend: str = "sqlite") -> list[str]:
+    """``duetime local`` on ``backend`` on a free API port, without demo jobs, then ``extra``."""
+    return [
         sys.executable,
         "-m",
         "duetime",
@@ -85,7 +80,22 @@ def start_stack(workdir: Path, *extra: str, backend: str = "sqlite") -> Stack:
         backend,
         *extra,
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DUETIME_"))}
+
+
+def stack_env() -> dict[str, str]:
+    """This environment without ``AWS_*`` and ``DUETIME_*``: a stack makes its own."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DUETIME_"))}
+
+
+def start_stack(workdir: Path, *extra: str, backend: str = "sqlite") -> Stack:
+    """``duetime local`` in ``workdir`` on ``backend`` (the default one: sqlite; "moto" for the AWS
+    adapters), once it says Ready. One API process unless ``extra`` says otherwise (the default, one per
+    core, costs each of the suite's stacks another process start; tests/e2e/test_api_processes.py covers
+    several)."""
+    if "--api-processes" not in extra:
+        extra = ("--api-processes", "1", *extra)
+    cmd = local_argv(*extra, backend=backend)
+    env = stack_env()
     proc = subprocess.Popen(
         cmd,
         cwd=workdir,

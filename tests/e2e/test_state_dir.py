@@ -4,33 +4,20 @@ directory that cannot be made."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from duetime.config.deps import DATABASE_FILE
-from tests.e2e.conftest import start_stack, stop_stack
+from tests.e2e.conftest import local_argv, stack_env, start_stack, stop_stack
 
 pytestmark = pytest.mark.e2e
 
 
 def _local(workdir: Path, state_dir: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DUETIME_"))}
-    cmd = [
-        sys.executable,
-        "-m",
-        "duetime",
-        "local",
-        "--api-port",
-        "0",
-        "--no-demo",
-        "--state-dir",
-        str(state_dir),
-    ]
-    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=60, env=env)
+    cmd = local_argv("--state-dir", str(state_dir))
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=60, env=stack_env())
 
 
 def _refused(result: subprocess.CompletedProcess[str], names: Path) -> str:

@@ -91,6 +91,10 @@ class WorkerTierConfig(Frozen):
     memory_mib: int
     min_tasks: int = Field(ge=0, le=1000)
     max_tasks: int = Field(ge=1, le=1000)
+    #: tasks one worker runs at once (its ``--slots``): they share the Fargate task's CPU and memory, so the
+    #: smaller the task size, the fewer (``duetime local``'s workers, with a whole machine, default to more:
+    #: duetime.services.worker.DEFAULT_SLOTS); 1 unless the stage says: a task may need the whole container
+    slots: int = Field(default=1, ge=1, le=64)
     #: alarm when the oldest message is older than this: delay (<= 900 s) + wait + the run's own duration,
     #: because a worker keeps its message in flight until the run finishes.
     queue_age_alarm_seconds: int = Field(default=4500, ge=60)
@@ -106,9 +110,9 @@ class WorkerTierConfig(Frozen):
 
 def _default_tiers() -> dict[str, WorkerTierConfig]:
     return {
-        "small": WorkerTierConfig(cpu=256, memory_mib=512, min_tasks=1, max_tasks=10),
-        "medium": WorkerTierConfig(cpu=1024, memory_mib=2048, min_tasks=0, max_tasks=5),
-        "large": WorkerTierConfig(cpu=4096, memory_mib=8192, min_tasks=0, max_tasks=2),
+        "small": WorkerTierConfig(cpu=256, memory_mib=512, min_tasks=1, max_tasks=10, slots=4),
+        "medium": WorkerTierConfig(cpu=1024, memory_mib=2048, min_tasks=0, max_tasks=5, slots=2),
+        "large": WorkerTierConfig(cpu=4096, memory_mib=8192, min_tasks=0, max_tasks=2, slots=1),
     }
 
 

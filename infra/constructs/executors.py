@@ -181,7 +181,7 @@ class Executors(Construct):
         task.add_container(
             "worker",
             image=ecs.ContainerImage.from_docker_image_asset(self.image),
-            command=["worker", "--tier", tier],
+            command=["worker", "--tier", tier, "--slots", str(sizing.slots)],
             # Fargate sets AWS_REGION; the default region is spelled out for every SDK and tool a task may use
             environment={**environment, "AWS_DEFAULT_REGION": Aws.REGION},
             logging=ecs.LogDriver.aws_logs(stream_prefix=tier, log_group=log_group),

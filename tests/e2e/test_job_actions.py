@@ -227,11 +227,12 @@ def test_slots_due_in_a_pause_with_catch_up_none_are_skipped_paused_claimed_ahea
         ahead = [r for r in page["runs"] if r["state"] == "PENDING" and _ts(r["due_at"]) > datetime.now(UTC)]
         return ahead[0] if ahead else None
 
-    # When it is paused while its next slot is already claimed, for 40 s, then resumed
+    # When it is paused while its next slot is already claimed, for 25 s, then resumed: the slot claimed ahead
+    # is due x <= 3 s after the pause, so x + 10 and x + 20 s are due in it too, never claimed (3 slots)
     ahead = wait_for("a slot claimed ahead", claimed_ahead, timeout=30)
     assert stack.request("POST", f"/jobs/{job_id}/pause")[0] == 200
     paused_at = datetime.now(UTC)
-    time.sleep(40)
+    time.sleep(25)
     resumed_at = datetime.now(UTC)
     assert stack.request("POST", f"/jobs/{job_id}/resume")[0] == 200
     # Then every slot due in the pause is skipped, reason paused: the one claimed ahead (its run SKIPPED) and

@@ -78,9 +78,9 @@ def test_bad_stage_settings_are_rejected_naming_the_setting(change: dict[str, An
 
 def test_fargate_refuses_sizes_it_cannot_run() -> None:
     with pytest.raises(ValidationError, match="Fargate"):
-        WorkerTierConfig(cpu=256, memory_mib=4096, min_tasks=0, max_tasks=1)
+        WorkerTierConfig(cpu=256, memory_mib=4096, min_tasks=0, max_tasks=1, slots=1)
     with pytest.raises(ValidationError, match="min_tasks"):
-        WorkerTierConfig(cpu=256, memory_mib=512, min_tasks=3, max_tasks=1)
+        WorkerTierConfig(cpu=256, memory_mib=512, min_tasks=3, max_tasks=1, slots=1)
 
 
 def test_the_prod_preset_warms_the_hot_tables_and_indexes_for_the_peak() -> None:

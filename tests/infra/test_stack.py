@@ -947,8 +947,10 @@ def test_one_fargate_service_per_container_tier_sized_by_the_stage(dev: Synthesi
         assert task["Memory"] == str(sizing.memory_mib), tier
         assert task["RuntimePlatform"]["CpuArchitecture"] == "ARM64", tier
         (container,) = task["ContainerDefinitions"]
-        assert container["Command"] == ["worker", "--tier", tier]
+        # the tier's slots, bounded by its task size (small 4 on 0.25 vCPU, not the local default of 8)
+        assert container["Command"] == ["worker", "--tier", tier, "--slots", str(sizing.slots)]
         assert container["LogConfiguration"]["LogDriver"] == "awslogs"
+    assert {t: dev.config.workers[t].slots for t in CONTAINER_TIERS} == {"small": 4, "medium": 2, "large": 1}
 
 
 def test_workers_run_in_private_subnets_without_public_addresses(dev: Synthesized) -> None:

@@ -110,9 +110,9 @@ def _group_alive(pgid: int) -> bool:
 
 
 def test_the_default_slots_per_tier() -> None:
-    assert DEFAULT_SLOTS == {"small": 4, "medium": 2, "large": 1}
-    assert [Worker(None, tier, owner="w").slots for tier in ("small", "medium", "large")] == [4, 2, 1]  # type: ignore[arg-type]
-    assert Worker(None, "small", owner="w", slots=0).slots == default_slots("small") == 4  # type: ignore[arg-type]
+    assert DEFAULT_SLOTS == {"small": 8, "medium": 2, "large": 1}
+    assert [Worker(None, tier, owner="w").slots for tier in ("small", "medium", "large")] == [8, 2, 1]  # type: ignore[arg-type]
+    assert Worker(None, "small", owner="w", slots=0).slots == default_slots("small") == 8  # type: ignore[arg-type]
     assert Worker(None, "large", owner="w", slots=3).slots == 3  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         Worker(None, "small", owner="w", slots=-1)  # type: ignore[arg-type]

@@ -54,7 +54,7 @@ def local(
     slots: Annotated[
         int,
         typer.Option(
-            min=0, help="tasks each worker runs at once (0 = the tier's default: small 4, medium 2, large 1)"
+            min=0, help="tasks each worker runs at once (0 = the tier's default: small 8, medium 2, large 1)"
         ),
     ] = 0,
     api_processes: Annotated[
@@ -227,7 +227,7 @@ def worker(
         typer.Option(
             min=0,
             envvar="DUETIME_WORKER_SLOTS",
-            help="tasks run at once (0 = the tier's default: small 4, medium 2, large 1; on AWS they share "
+            help="tasks run at once (0 = the tier's default: small 8, medium 2, large 1; on AWS they share "
             "the tier's Fargate CPU and memory)",
         ),
     ] = 0,

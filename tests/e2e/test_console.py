@@ -417,6 +417,37 @@ def test_log_viewer_follows_a_running_run(console_stack: Stack, alice: Any) -> N
     assert "SUCCEEDED" in alice.locator("#log").inner_text()
 
 
+def test_a_followed_run_shows_its_final_state_without_a_reload(console_stack: Stack, alice: Any) -> None:
+    # Given the page of a RUNNING run (its badge RUNNING, Cancel offered, no exit code, not finished)
+    job = submit(
+        console_stack, {"name": "ends-while-shown", "task": container("sh", "-c", "sleep 4; echo done")}
+    )
+    run = console_stack.wait_run(job["job_id"], {"RUNNING"}, timeout=30, token=ALICE)[0]
+    alice.goto(f"/console/runs/{run['run_id']}")
+    assert alice.locator("h1 .state").inner_text() == "RUNNING"
+    assert alice.get_by_role("link", name="Cancel…").count() == 1
+    assert facts_of(alice)["Finished"] == "-"
+    # When the run ends while the page is open (the log stops following)
+    alice.wait_for_function("() => !document.querySelector('#log[hx-trigger]')", timeout=40_000)
+    # Then, without a reload, the whole page shows the run's end: the badge, the facts, the attempt's row,
+    # and no Cancel any more
+    assert console_stack.wait_run(job["job_id"], {"SUCCEEDED"}, timeout=10, token=ALICE)
+    assert alice.locator("h1 .state").inner_text() == "SUCCEEDED"
+    facts = facts_of(alice)
+    assert facts["Exit code"] == "0" and facts["Finished"] != "-"
+    row = alice.locator("section[aria-labelledby=h-attempts] tbody tr").nth(0).locator("td").all_inner_texts()
+    assert row[:2] == ["1", "SUCCEEDED"] and row[3] == "0"
+    assert alice.get_by_role("link", name="Cancel…").count() == 0
+    assert "The run is SUCCEEDED." in alice.locator("#log").inner_text()
+    assert "done" in alice.locator("pre.logtext").inner_text()
+
+
+def facts_of(page: Any) -> dict[str, str]:
+    """The run page's facts list, term -> value."""
+    terms = page.locator("dl.facts dt").all_inner_texts()
+    return dict(zip(terms, page.locator("dl.facts dd").all_inner_texts(), strict=True))
+
+
 def test_dead_letters_list_and_re_drive(console_stack: Stack, alice: Any, seeded: dict[str, Any]) -> None:
     alice.goto("/console/dead-letters")
     row = alice.locator("tbody tr", has_text=seeded["dead_run"])

@@ -512,6 +512,19 @@ def run_page(run_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
     attempt = _attempt_param()
     if attempt is not None and not 1 <= attempt <= run.attempt:
         raise NotFoundError("log of attempt", f"{run_id}#{attempt}")
+    return page(
+        "run.html",
+        nav="jobs",
+        **_run_parts(run),
+        log=_log_view(run, attempt, deps, tenant),
+        done=_query().get("done"),
+        now=deps.clock.now(),
+    )
+
+
+def _run_parts(run: Run) -> dict[str, Any]:
+    """What a run's page shows of it besides the log (``templates/run_parts.html``): the run, its attempts
+    (ended ones, then the current one) and the actions it allows."""
     shown = RunResponse.of(run)
     attempts = [*shown.attempts, *([shown.current_attempt] if shown.current_attempt else [])]
     actions = []
@@ -519,16 +532,7 @@ def run_page(run_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
         actions.append("cancel")
     if run.state is RunState.TIMED_OUT or (run.dead_lettered and run.state is RunState.FAILED):
         actions.append("retry")
-    return page(
-        "run.html",
-        nav="jobs",
-        run=shown,
-        attempts=attempts,
-        actions=actions,
-        log=_log_view(run, attempt, deps, tenant),
-        done=_query().get("done"),
-        now=deps.clock.now(),
-    )
+    return {"run": shown, "attempts": attempts, "actions": actions}
 
 
 def _attempt_param() -> int | None:
@@ -543,9 +547,14 @@ def _attempt_param() -> int | None:
 @router.get("/console/runs/<run_id>/log", include_in_schema=False)
 @html_errors
 def run_log(run_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
-    """The log viewer alone: what htmx swaps in every 2 s while the attempt shown is RUNNING."""
+    """The log viewer alone: what htmx swaps in every 2 s while the attempt shown is RUNNING. The poll that
+    finds it no longer RUNNING (the last one) also carries the run page's other parts that its end changed
+    (state, actions, facts, attempts, events) as out-of-band swaps, so the page shows the run's end without
+    a reload rather than a stale RUNNING badge."""
     run = jobs.get_run(run_id, tenant=tenant, deps=deps)
-    return page("log.html", log=_log_view(run, _attempt_param(), deps, tenant))
+    log = _log_view(run, _attempt_param(), deps, tenant)
+    polled = router.current_event.headers.get("hx-request") == "true"
+    return page("log.html", log=log, ended=_run_parts(run) if polled and not log["following"] else None)
 
 
 @router.get("/console/runs/<run_id>/<action>", include_in_schema=False)

@@ -18,7 +18,9 @@ expired and revoked it) kills every task. No run row is written while its task r
 Writes: the starts of a poll and the ends of the attempts that ended meanwhile are applied together by the
 worker's session thread (one transaction and one commit on the embedded store; one conditional write each
 on DynamoDB), and the started and dropped messages deleted in one batch (DeleteMessageBatch), so a burst of
-short runs costs a few writes per poll instead of four per run.
+short runs costs a few writes per poll instead of four per run. A failed attempt whose retry is due within
+:data:`MAX_HOLD_SECONDS` is retried by the same worker from the same delivery (:meth:`Worker._take_retry`):
+no wake-up message is sent, received or deleted for it.
 
 Slots: a worker process runs up to ``slots`` tasks at once (``--slots``; default per tier, :data:`DEFAULT_SLOTS`:
 small 4, medium 2, large 1). :meth:`Worker.run_forever` is one receive loop that asks the queue for up to

@@ -10,7 +10,9 @@ README's Performance section, or remove the extra call. Derived from the code (D
   when the state changes), SendMessageBatch (one request per 10 messages);
 - worker: ReceiveMessage, BatchGetItem of the poll's jobs, UpdateItem run (start: the watch time stays, no
   watchdog write), DeleteMessageBatch (at the start: the run row and the worker session hold the run from
-  then on), PutObject log (none for an empty one), UpdateItem run (finish: leaves the watchdog GSI);
+  then on), PutObject log (none for an empty one), UpdateItem run (finish: leaves the watchdog GSI); a
+  retry whose backoff ends within MAX_HOLD_SECONDS is started by the same worker from the same delivery
+  (two more UpdateItems, no SQS request);
 - worker session (per worker, not per run): while it holds runs, one BatchGetItem of them every heartbeat
   interval, and one UpdateItem (1 WRU) once one of them has run longer than its own lease less two
   intervals, whatever their number (a worker running only short tasks writes none);
@@ -33,13 +35,14 @@ from duetime.config.deps import Deps
 from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.clock import FixedClock
 from duetime.domain.lifecycle import message_for
-from duetime.domain.models import ContainerTask, JobState, Run, RunState, ScheduleSpec
+from duetime.domain.models import ContainerTask, JobState, RetryPolicy, Run, RunState, ScheduleSpec
 from duetime.local import callcount
 from duetime.services import claims, jobs
 from duetime.services.runs import start_many
 from duetime.services.sessions import WorkerSession
 from duetime.services.sweeper import sweep
 from duetime.services.worker import Worker
+from tests.helpers import running_worker, wait_for
 
 
 class Counted:
@@ -188,6 +191,36 @@ def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
     swept = counted.take()
     assert ops(swept) == {"dynamodb Query test-runs": deps.settings.shard_count * WATCH_KEYS_PER_SHARD}
     assert all(r["items"] == 0 for r in swept)
+
+
+def test_a_failing_once_run_retried_by_its_worker_costs_no_sqs_request_for_the_retry(
+    deps: Deps, counted: Counted
+) -> None:
+    # Given a run-now job that fails its first attempt, with no backoff, submitted
+    request = CreateJobRequest(
+        name="bench",
+        task=ContainerTask(command=["sh", "-c", 'test "$DUETIME_ATTEMPT" -ge 2']),
+        retry=RetryPolicy(max_attempts=3, backoff_seconds=0, jitter="none"),
+    )
+    job = jobs.create_job(request, tenant="t1", deps=deps)
+    counted.take()
+    # When a worker's receive loop runs it to its end (and stops)
+    worker = Worker(deps, "small", owner="w1", slots=2)
+    with running_worker(worker):
+        wait_for(
+            "the run to succeed", lambda: deps.store.list_runs(job.job_id)[0].state is RunState.SUCCEEDED
+        )
+    work = [r for r in counted.take() if not (r["op"] == "ReceiveMessage" and not r.get("messages"))]
+    # Then both attempts came from one delivery: one receive and one delete, no message sent for the retry
+    # (was a SendMessage, a second receive and a second delete); the run's row: two starts and two ends
+    calls = ops(work)
+    assert {k: v for k, v in calls.items() if k.startswith("sqs")} == {
+        "sqs ReceiveMessage test-small": 1,
+        "sqs DeleteMessageBatch test-small": 1,
+    }
+    assert calls["dynamodb UpdateItem test-runs"] == 4
+    [run] = deps.store.list_runs(job.job_id)
+    assert [(a.attempt, a.state) for a in run.attempts] == [(1, RunState.FAILED), (2, RunState.SUCCEEDED)]
 
 
 def test_a_worker_session_renews_every_run_it_holds_with_one_write_and_one_read(

@@ -11,7 +11,7 @@ While a run is RUNNING its worker writes nothing to its row: its worker's sessio
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
@@ -124,12 +124,18 @@ def start_and_finish(
     owner: str,
     lease_seconds: float | None = None,
     session_id: str | None = None,
+    takes_retry: Callable[[Run], bool] | None = None,
 ) -> tuple[list[Run | Exception], list[Run | Exception]]:
     """A worker session's writes of one moment: :func:`start_many` of ``messages`` and
     :func:`finish_many` of ``finishes``, their conditional writes applied together (one transaction, one
     commit on the embedded store: :meth:`RunStore.start_and_end`; on DynamoDB one request each). The
     starts record ``session_id``, the worker session whose renewals then hold their leases (None: each
     run's own lease of ``lease_seconds`` is all it has).
+
+    ``takes_retry`` is asked about each end recorded as RETRY_WAIT: True means the caller wakes the next
+    attempt itself (a worker that holds a short backoff and starts the retry from the same delivery), so
+    no wake-up message is sent for it; the sweeper's backstop (the run's watch time, ``retry_at`` plus
+    ``first_watch_seconds``) still covers a caller that dies meanwhile.
 
     Returns:
         (the starts' outcomes, the finishes' outcomes), each as :func:`start_many` and :func:`finish_many`
@@ -152,7 +158,7 @@ def start_and_finish(
             end_outcomes = deps.store.end_attempts(ends) if ends else []
     except Exception as exc:  # noqa: BLE001 - none was applied: each planned write's outcome is this fault
         start_outcomes, end_outcomes = [exc] * len(starts), [exc] * len(ends)
-    _after_ends(finishes, planned_ends, end_outcomes, ended, deps, now)
+    _after_ends(finishes, planned_ends, end_outcomes, ended, deps, now, takes_retry)
     _after_starts(messages, planned_starts, start_outcomes, started, deps, now)
     return _filled(started), _filled(ended)
 
@@ -759,6 +765,7 @@ def _after_ends(
     results: list[Run | Exception | None],
     deps: Deps,
     now: datetime,
+    takes_retry: Callable[[Run], bool] | None = None,
 ) -> None:
     for (i, _), outcome in zip(planned, outcomes, strict=True):
         item = finishes[i]
@@ -766,7 +773,13 @@ def _after_ends(
             _record_stale_finish(item, deps, now)
         elif isinstance(outcome, Run):
             try:
-                after_attempt_end(outcome, deps)
+                taken = (
+                    takes_retry is not None
+                    and outcome.state is RunState.RETRY_WAIT
+                    and outcome.retry_at is not None
+                    and takes_retry(outcome)
+                )
+                after_attempt_end(outcome, deps, wake_up=not taken)
             except Exception:  # noqa: BLE001 - the end stands; the sweeper sends what did not go out
                 logger.exception("after the attempt's end", extra={"run_id": outcome.run_id})
         results[i] = outcome
@@ -793,9 +806,11 @@ def _record_stale_finish(item: Finish, deps: Deps, now: datetime) -> None:
     logger.warning("stale finish rejected", extra={"run_id": run.run_id, "fencing_token": item.fencing_token})
 
 
-def after_attempt_end(run: Run, deps: Deps) -> None:
-    """What follows an attempt's end, wherever it was decided (worker, sweeper, timeout handler)."""
-    send_retry_wake_up(run, deps)
+def after_attempt_end(run: Run, deps: Deps, *, wake_up: bool = True) -> None:
+    """What follows an attempt's end, wherever it was decided (worker, sweeper, timeout handler);
+    ``wake_up=False``: a retry's wake-up is not sent (its caller starts the next attempt itself)."""
+    if wake_up:
+        send_retry_wake_up(run, deps)
     if run.state is RunState.TIMED_OUT and run.on_timeout.action == "trigger":
         trigger_on_timeout(run, deps)
     if run.attempts and run.attempts[-1].state is RunState.TIMED_OUT:

@@ -18,7 +18,9 @@ expired and revoked it) kills every task. No run row is written while its task r
 Writes: the starts of a poll and the ends of the attempts that ended meanwhile are applied together by the
 worker's session thread (one transaction and one commit on the embedded store; one conditional write each
 on DynamoDB), and the started and dropped messages deleted in one batch (DeleteMessageBatch), so a burst of
-short runs costs a few writes per poll instead of four per run.
+short runs costs a few writes per poll instead of four per run. A failed attempt whose retry is due within
+:data:`MAX_HOLD_SECONDS` is retried by the same worker from the same delivery (:meth:`Worker._take_retry`):
+no wake-up message is sent, received or deleted for it.
 
 Slots: a worker process runs up to ``slots`` tasks at once (``--slots``; default per tier, :data:`DEFAULT_SLOTS`:
 small 8, medium 2, large 1; on AWS the stage's tier sizing passes its own, infra/config.py). :meth:`Worker.run_forever` is one receive loop that asks the queue for up to
@@ -71,6 +73,7 @@ from duetime.domain.lifecycle import (
     MAX_MESSAGE_DELAY_SECONDS,
     delay_seconds,
     hold_seconds,
+    message_for,
 )
 from duetime.domain.logs import log_key, pack_key
 from duetime.domain.models import ContainerTask, Run, RunState
@@ -818,11 +821,48 @@ class Worker:
             self._release(slot)
 
     def _give_back(self, message: ReceivedMessage, *, after: int = 0) -> None:
-        """Put ``message`` back on the queue, visible again in ``after`` seconds."""
+        """Put ``message`` back on the queue, visible again in ``after`` seconds; a retry this worker held
+        (:meth:`_take_retry`: no delivery of its own) is sent as its wake-up, delayed until it may start."""
+        if not message.receipt_handle and message.message is not None:
+            try:
+                wake = message.message
+                self.deps.queues.send(
+                    wake.tier or self.tier, wake, delay=delay_seconds(wake.ready_at, self.deps.clock.now())
+                )
+            except Exception as exc:  # noqa: BLE001 - the sweeper releases it after its watch time
+                self._log_failure("sending a held retry's wake-up failed", exc)
+            return
         try:
             self.deps.queues.extend_visibility(self.tier, message.receipt_handle, after)
         except Exception as exc:  # noqa: BLE001 - it comes back after its visibility timeout anyway
             self._log_failure("giving a message back failed", exc)
+
+    def _take_retry(self, run: Run) -> bool:
+        """Whether this worker starts ``run``'s next attempt itself (asked by the session thread about each
+        end it records as RETRY_WAIT): when the backoff ends within :data:`MAX_HOLD_SECONDS` and a slot is
+        free, the slot is reserved and the retry held with the early deliveries (:meth:`_session_loop`) until
+        its ``retry_at``, then started under the same conditional start as a wake-up message's (RETRY_WAIT
+        at the failed attempt, past ``retry_at``), so no message is sent, received or deleted for it. The
+        failed attempt's delivery is deleted as usual: should this worker die meanwhile, the run's watch time
+        (``retry_at`` + ``first_watch_seconds``) has the sweeper release it, as for a lost wake-up. Told to
+        stop, the held retry's wake-up is sent (:meth:`_give_back`). Only in :meth:`run_forever` (its
+        session thread holds starts); poll_once and process send the wake-up."""
+        if self._beats_inline or self.stopping.is_set() or run.retry_at is None:
+            return False
+        wake = message_for(run, attempt=run.attempt + 1, retry_at=run.retry_at)
+        wait = hold_seconds(wake, self.deps.clock.now())
+        if wait > MAX_HOLD_SECONDS:
+            return False
+        with self._slots_lock:
+            slot = next((s for s in self._slots if not s.busy), None)
+            if slot is None:
+                return False
+            slot.busy = True
+        request = _Starts([ReceivedMessage(wake, "", wake.body(), 0)], slots=[slot])
+        request.ready_at = time.monotonic() + wait
+        self._writes.put(request)  # taken by this (the session) thread's next round
+        logger.info("retry held by its worker", extra={"run_id": run.run_id, "wait_seconds": round(wait, 3)})
+        return True
 
     def _log_failure(self, what: str, exc: Exception) -> None:
         if self.deps.unreachable(exc):
@@ -1126,6 +1166,7 @@ class Worker:
             self.deps,
             owner=self.owner,
             session_id=session_id,
+            takes_retry=None if self._beats_inline else self._take_retry,
         )
         handles: list[str] = []
         at = 0
@@ -1159,7 +1200,8 @@ class Worker:
             if item.finish is not None:
                 self._echo(item.finish, end)
         now = time.monotonic()
-        self._deletes.extend((handle, now) for handle in handles)
+        # (a retry this worker held has no delivery of its own: no handle)
+        self._deletes.extend((handle, now) for handle in handles if handle)
         # the started and dropped messages go out ten at a time, or once the oldest has waited
         # DELETE_LINGER_SECONDS; at once without a session thread (poll_once)
         self._flush_deletes(force=self._beats_inline)

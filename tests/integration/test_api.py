@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import ModuleType
 
 import pytest
@@ -190,6 +191,21 @@ def test_unreadable_bodies_are_a_400_not_a_500(api: ModuleType, raw: str) -> Non
         event["body"] = raw
     result = api.lambda_handler(event, LocalLambdaContext("api"))
     assert result["statusCode"] == 400 and '"field":"body"' in result["body"]
+
+
+@pytest.mark.parametrize("raw", ["null", " null\n", "[]", "42", '"a job"'])
+def test_a_body_that_is_not_an_object_says_so(api: ModuleType, raw: str) -> None:
+    from duetime.local.lambda_runtime import LocalLambdaContext
+    from tests.helpers import http_event
+
+    # Given JSON that is not an object (null included, which Powertools reads as no body)
+    event = http_event("POST", "/jobs")
+    event["body"] = raw
+    result = api.lambda_handler(event, LocalLambdaContext("api"))
+    # Then the 400 names the body and says it should be an object, never "Field required"
+    error = json.loads(result["body"])["error"]
+    assert result["statusCode"] == 400 and error["field"] == "body"
+    assert error["message"].startswith("body: Input should be a valid dictionary or object"), error
 
 
 @pytest.mark.parametrize(
@@ -427,6 +443,36 @@ def test_schedule_preview_errors_name_the_query_parameter(
     assert status == 400, body
     assert body["error"]["field"] == parameter
     assert saying in body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "unknown"),
+    [
+        ("/schedules/preview", {"expression": "rate(1 minute)", "cuont": "3"}, "cuont"),
+        ("/jobs", {"limit": "5", "staet": "PAUSED"}, "staet"),
+        ("/dead-letters", {"tenant": "t2"}, "tenant"),
+    ],
+)
+def test_an_unknown_query_parameter_is_a_400_naming_it(
+    api: ModuleType, path: str, query: dict[str, str], unknown: str
+) -> None:
+    # Given a misspelt query parameter, which would otherwise silently fall back to its default
+    status, body, _ = call(api, "GET", path, query=query)
+    # Then the 400 names it and lists the parameters the route takes
+    assert status == 400, body
+    assert body["error"]["field"] == unknown
+    assert body["error"]["message"].startswith(
+        f"{unknown}: unknown query parameter of GET {path} (it takes: "
+    )
+
+
+def test_declared_query_parameters_are_still_taken(api: ModuleType) -> None:
+    status, body, _ = call(
+        api, "GET", "/schedules/preview", query={"expression": "rate(1 minute)", "count": "3"}
+    )
+    assert status == 200 and len(body["fire_times"]) == 3, body
+    status, body, _ = call(api, "GET", "/jobs", query={"limit": "5"})
+    assert status == 200, body
 
 
 @pytest.mark.parametrize(

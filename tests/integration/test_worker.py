@@ -196,6 +196,40 @@ def test_a_task_past_its_timeout_is_killed_and_timed_out(deps: Deps) -> None:
     assert "timed out after 1 s" in jobs.get_run_log(run.run_id, tenant="t1", deps=deps)
 
 
+def test_a_timed_out_task_that_exits_0_after_sigterm_is_not_called_a_success(deps: Deps) -> None:
+    # Given a task that traps SIGTERM and exits 0 when told to stop
+    job_id = _submit(
+        deps,
+        ["sh", "-c", "trap 'exit 0' TERM; echo started; while :; do sleep 0.1; done"],
+        timeout_seconds=1,
+        on_timeout=OnTimeout(action="fail", kill_grace_seconds=5),
+    )
+    Worker(deps, "small", owner="w1").poll_once()
+    [run] = deps.store.list_runs(job_id)
+    log = jobs.get_run_log(run.run_id, tenant="t1", deps=deps)
+    # Then the run timed out, its exit code is the task's own, and the log says it was no success
+    assert run.state is RunState.TIMED_OUT and run.attempts[-1].exit_code == 0
+    assert (
+        "timed out after 1 s; SIGTERM sent to the process group; the task exited with code 0 (not a success)"
+        in log
+    )
+    assert "process group killed" not in log
+
+
+def test_a_task_killed_at_its_timeout_says_by_which_signal(deps: Deps) -> None:
+    job_id = _submit(
+        deps,
+        ["sh", "-c", "trap '' TERM; echo started; while :; do sleep 0.1; done"],
+        timeout_seconds=1,
+        on_timeout=OnTimeout(action="fail", kill_grace_seconds=0.5),
+    )
+    Worker(deps, "small", owner="w1").poll_once()
+    [run] = deps.store.list_runs(job_id)
+    log = jobs.get_run_log(run.run_id, tenant="t1", deps=deps)
+    assert run.state is RunState.TIMED_OUT and run.attempts[-1].exit_code == -9
+    assert "timed out after 1 s; process group killed (SIGKILL after the 0.5 s grace)" in log
+
+
 def test_a_missing_program_fails_the_attempt_with_a_message(deps: Deps) -> None:
     job_id = _submit(deps, ["/nonexistent/program"], retry=RetryPolicy(max_attempts=1))
     Worker(deps, "small", owner="w1").poll_once()

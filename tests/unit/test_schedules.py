@@ -296,18 +296,28 @@ def test_localtime_is_refused_with_the_reason() -> None:
     )
 
 
+def test_the_factory_placeholder_zone_is_refused_with_the_reason() -> None:
+    # "Factory" loads with ZoneInfo (UTC, abbreviated -00) but names no place
+    with pytest.raises(ScheduleError) as err:
+        parse_schedule("@daily", "Factory")
+    assert err.value.field == "schedule.timezone"
+    assert err.value.message.startswith(
+        "unknown time zone 'Factory': 'Factory' is the tz database's placeholder for an unset local zone (-00)"
+    )
+
+
 def test_a_zone_in_the_wrong_case_is_refused_with_the_right_spelling() -> None:
     with pytest.raises(ScheduleError) as err:
         parse_schedule("@daily", "america/new_york")
     assert "did you mean 'America/New_York'?" in err.value.message
 
 
-def test_every_iana_zone_of_the_tzdata_package_is_accepted() -> None:
+def test_every_iana_zone_of_the_tzdata_package_is_accepted_but_the_factory_placeholder() -> None:
     from importlib import resources
 
     names = resources.files("tzdata").joinpath("zones").read_text().split()
-    assert len(names) > 590 and "Europe/Berlin" in names and "Etc/GMT+5" in names
-    for name in names + ["UTC"]:
+    assert len(names) > 590 and "Europe/Berlin" in names and "Etc/GMT+5" in names and "Factory" in names
+    for name in [n for n in names if n != "Factory"] + ["UTC"]:
         assert parse_schedule("@daily", name).timezone == name
 
 

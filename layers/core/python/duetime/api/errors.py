@@ -146,6 +146,20 @@ HANDLERS: dict[type[Exception], Callable[[Any], Response[str]]] = {
 
 
 def register_error_handlers(app: ApiGatewayResolver) -> None:
-    """Register :data:`HANDLERS` on ``app``."""
+    """Register :data:`HANDLERS` on ``app``, and for :class:`RequestValidationError` one that also knows the
+    request: a body that is JSON ``null`` reaches validation as no body at all (Powertools reads it as None),
+    which would be "body: Field required"; it is named for what it is, as a list or a number would be."""
     for exc_class, handler in HANDLERS.items():
         app.exception_handler(exc_class)(handler)
+
+    def validation_of_request(exc: RequestValidationError) -> Response[str]:
+        body = app.current_event.body
+        missing = any(
+            e.get("type") == "missing" and tuple(e.get("loc", ())) == ("body",) for e in exc.errors()
+        )
+        if missing and body is not None and body.strip() == "null":
+            message = "body: Input should be a valid dictionary or object (the body is JSON null)"
+            return error_response(400, "validation_error", message, "body")
+        return validation_error(exc)
+
+    app.exception_handler(RequestValidationError)(validation_of_request)

@@ -12,7 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
+from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
 from aws_lambda_powertools.event_handler.openapi.models import Tag
+from aws_lambda_powertools.event_handler.openapi.params import get_flat_dependant
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from duetime import __version__
@@ -133,12 +135,34 @@ class DuetimeResolver(APIGatewayHttpResolver):
         return schema
 
 
+def reject_unknown_query(app: APIGatewayHttpResolver, next_middleware: NextMiddleware) -> Response[Any]:
+    """A global middleware: a query parameter the route does not declare is a 400 ``validation_error``
+    naming it (Powertools' validation ignores it, so a misspelt ``?cuont=3`` would silently fall back to
+    the default). Only the API's documented routes are held to it (``include_in_schema``); the console's
+    pages and Swagger UI read their own query strings."""
+    route = app.context.get("_route")
+    given = app.current_event.query_string_parameters or {}
+    if route is None or not route.include_in_schema or not given:
+        return next_middleware(app)
+    known = {field.alias for field in get_flat_dependant(route.dependant).query_params}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        name = unknown[0]
+        allowed = ", ".join(sorted(known)) or "none"
+        message = (
+            f"{name}: unknown query parameter of {route.method} {route.openapi_path} (it takes: {allowed})"
+        )
+        return error_response(400, "validation_error", message, name)
+    return next_middleware(app)
+
+
 def create_app() -> DuetimeResolver:
     """A resolver with the error handlers, Swagger UI at ``/docs`` and the schema at ``/openapi.json``; the
     caller includes the routers."""
     app = DuetimeResolver(enable_validation=True, json_body_deserializer=read_json_body)
     app.enable_swagger(path="/docs", title=TITLE, version=__version__, summary=SUMMARY, tags=[*TAGS])
     register_error_handlers(app)
+    app.use(middlewares=[reject_unknown_query])
 
     def no_route(_: Exception) -> Response[str]:
         method, path = app.current_event.http_method, app.current_event.path

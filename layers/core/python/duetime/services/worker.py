@@ -391,6 +391,22 @@ def kill_group(proc: TaskProcess, grace_seconds: float) -> None:
     proc.wait()
 
 
+def stop_note(code: int | None, grace_seconds: float) -> str:
+    """How a task stopped by :func:`kill_group` ended, for the last line of its log: ``code`` is its
+    ``returncode`` (negative: the signal that ended it, as :mod:`subprocess` gives it). A task that traps
+    SIGTERM and exits by itself reports its own exit code, even 0: the note says that is not a success (the
+    attempt ends by the reason it was stopped for: timed out, cancelled, lease lost, worker stopped)."""
+    if code is None or code == -signal.SIGKILL:
+        return f"process group killed (SIGKILL after the {grace_seconds:g} s grace)"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"process group killed ({name})"
+    return f"SIGTERM sent to the process group; the task exited with code {code} (not a success)"
+
+
 def read_log(out: IO[bytes]) -> bytes:
     """The captured output, keeping head and tail if it exceeds MAX_LOG_BYTES."""
     out.flush()
@@ -1350,25 +1366,28 @@ class Worker:
             now = time.monotonic()
             if self.stopping.is_set():
                 self._kill(proc, settings.kill_grace_seconds)
-                out.write(b"\nduetime: worker stopping (SIGTERM); process group killed\n")
+                note = stop_note(proc.returncode, settings.kill_grace_seconds)
+                out.write(f"\nduetime: worker stopping (SIGTERM); {note}\n".encode())
                 return TaskOutcome(
                     exit_code=proc.returncode, timed_out=False, lease_lost=False, error="worker stopped"
                 )
             if now >= deadline:
                 self._kill(proc, run.on_timeout.kill_grace_seconds)
-                out.write(
-                    f"\nduetime: timed out after {run.timeout_seconds} s; process group killed\n".encode()
-                )
+                note = stop_note(proc.returncode, run.on_timeout.kill_grace_seconds)
+                out.write(f"\nduetime: timed out after {run.timeout_seconds} s; {note}\n".encode())
                 return TaskOutcome(exit_code=proc.returncode, timed_out=True, lease_lost=False)
             if self._beats_inline and session.due():
                 self.beat_inline()
             lost = session.lost(run.run_id)
             if lost is not None:
                 self._kill(proc, settings.kill_grace_seconds)
-                if lost.cancelled is not None:
-                    out.write(f"\nduetime: run cancelled ({lost.cancelled}); process group killed\n".encode())
-                else:
-                    out.write(f"\nduetime: lease lost ({lost.why}); process group killed\n".encode())
+                note = stop_note(proc.returncode, settings.kill_grace_seconds)
+                why = (
+                    f"run cancelled ({lost.cancelled})"
+                    if lost.cancelled is not None
+                    else f"lease lost ({lost.why})"
+                )
+                out.write(f"\nduetime: {why}; {note}\n".encode())
                 return TaskOutcome(
                     exit_code=proc.returncode,
                     timed_out=False,

@@ -20,6 +20,11 @@ from duetime.domain.errors import ScheduleError
 # available_timezones() lists them too.
 _IANA_NAME_RE = re.compile(r"[A-Z][A-Za-z0-9_+-]*(?:/[A-Z][A-Za-z0-9_+-]*)*")
 
+#: tz database entries that name no place: ``Factory`` (the tz source's ``factory`` file) is the placeholder
+#: a distribution installs as the local zone before one is chosen, abbreviated "-00" ("local time is
+#: unspecified"); a schedule read in it would fire at UTC under a name that says nothing. Refused at submit.
+_PLACEHOLDER_ZONES = frozenset({"Factory"})
+
 
 @lru_cache(maxsize=1)
 def _zoneinfo_files() -> frozenset[str]:
@@ -30,7 +35,8 @@ def _zoneinfo_files() -> frozenset[str]:
 @lru_cache(maxsize=1)
 def _known_zones() -> frozenset[str]:
     """The IANA zone names this host can load, plus ``UTC``."""
-    return frozenset(n for n in _zoneinfo_files() if _IANA_NAME_RE.fullmatch(n)) | {"UTC"}
+    names = (n for n in _zoneinfo_files() if _IANA_NAME_RE.fullmatch(n) and n not in _PLACEHOLDER_ZONES)
+    return frozenset(names) | {"UTC"}
 
 
 @lru_cache(maxsize=1)
@@ -59,7 +65,11 @@ def _zone(name: str) -> ZoneInfo:
         )
     if name not in _known_zones():
         hint = "give an IANA name such as 'Europe/Berlin' or 'UTC'"
-        if name in _zoneinfo_files():  # e.g. "localtime": a host file, not a zone name
+        if name in _PLACEHOLDER_ZONES:
+            hint = (
+                f"{name!r} is the tz database's placeholder for an unset local zone (-00), not a zone: {hint}"
+            )
+        elif name in _zoneinfo_files():  # e.g. "localtime": a host file, not a zone name
             hint = f"{name!r} is a file of this host's zoneinfo directory, not an IANA zone name: {hint}"
         elif name.lower() in _zones_by_lower_name():
             hint = f"did you mean {_zones_by_lower_name()[name.lower()]!r}? (IANA names are case-sensitive)"

@@ -466,6 +466,11 @@ def test_an_unknown_query_parameter_is_a_400_naming_it(
     )
 
 
+def test_a_wrong_method_with_a_query_is_still_a_405(api: ModuleType) -> None:
+    status, body, _ = call(api, "DELETE", "/dead-letters", query={"limit": "20"})
+    assert status == 405 and body["error"]["code"] == "method_not_allowed", body
+
+
 def test_declared_query_parameters_are_still_taken(api: ModuleType) -> None:
     status, body, _ = call(
         api, "GET", "/schedules/preview", query={"expression": "rate(1 minute)", "count": "3"}

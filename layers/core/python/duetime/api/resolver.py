@@ -109,6 +109,12 @@ class DuetimeResolver(APIGatewayHttpResolver):
 
         return documented
 
+    def is_registered(self, rule: str, method: str) -> bool:
+        """Whether a route of ``method`` was registered for ``rule`` (not the resolver's not-found route,
+        which Powertools builds for the request's own method and path)."""
+        known = self._methods_by_rule.get(rule)
+        return known is not None and method.upper() in known[1]
+
     def allowed_methods(self, path: str) -> list[str]:
         """The methods of the routes whose rule matches ``path``, sorted; empty for an unknown path."""
         return sorted(
@@ -144,6 +150,8 @@ def reject_unknown_query(app: APIGatewayHttpResolver, next_middleware: NextMiddl
     given = app.current_event.query_string_parameters or {}
     if route is None or not route.include_in_schema or not given:
         return next_middleware(app)
+    if isinstance(app, DuetimeResolver) and not app.is_registered(route.path, route.method):
+        return next_middleware(app)  # no such route: the not-found handler answers 404 or 405
     known = {field.alias for field in get_flat_dependant(route.dependant).query_params}
     unknown = sorted(set(given) - known)
     if unknown:

@@ -160,3 +160,33 @@ def test_the_default_window_is_the_last_day_up_to_now_and_a_token_or_window_that
     call(api, "POST", f"/jobs/{job['job_id']}/pause")
     later = _slots(api, job["job_id"], since="2026-11-29T12:07:00Z", until="2026-11-29T12:08:00Z")
     assert later == [("12:08", "upcoming", "paused"), ("12:07", "upcoming", "paused")]
+
+
+def test_a_missed_slot_the_catch_up_ran_is_ran_with_its_run_not_missed(
+    api: ModuleType, deps: Deps, clock: Any
+) -> None:
+    # Given a rate(1 minute) job with catch-up `all` whose 12:01 ran, then nothing ticked until 12:04:30
+    body = {**RATE, "catch_up": {"policy": "all", "tolerance_seconds": 15}}
+    _, job, _ = call(api, "POST", "/jobs", body)
+    job_id = job["job_id"]
+    clock.advance(61)
+    _run_due(deps, job_id, "12:01")
+    clock.advance(209)  # 12:04:30: 12:02, 12:03 and 12:04 are missed (more than 15 s late)
+    # When the tick claims them (the older ones as backfill runs) and a worker runs 12:02's
+    _tick(deps)
+    backfill = {r.due_at.strftime("%H:%M"): r.trigger.value for r in deps.store.list_runs(job_id, limit=50)}
+    assert backfill["12:02"] == backfill["12:03"] == "backfill"
+    _run_due(deps, job_id, "12:02")
+    # Then each of those slots is its catch-up run: ran or pending, with the run's id, none "missed"
+    status, got, _ = call(
+        api, "GET", f"/jobs/{job_id}/slots", query={**WINDOW, "until": "2026-11-29T12:04:00Z"}
+    )
+    assert status == 200, got
+    assert [
+        (s["due_at"][11:16], s["outcome"], s["state"], s["run_id"] is not None) for s in got["slots"]
+    ] == [
+        ("12:04", "pending", "PENDING", True),
+        ("12:03", "pending", "PENDING", True),
+        ("12:02", "ran", "SUCCEEDED", True),
+        ("12:01", "ran", "SUCCEEDED", True),
+    ]

@@ -18,7 +18,9 @@ A **slot** is one due time of the job's schedule. Its outcome comes from the run
 Slots before the job's last schedule change (``Job.schedule_changed_at``) are the runs recorded then (the
 current schedule never produced them); from it on, the current schedule's fires, each matched with its run,
 and the runs the old schedule had claimed ahead past the change (``skipped``, ``schedule_changed``).
-Runs that are not slots (manual triggers, backfills, runs a timeout triggered) are left out. A DELETED job
+A catch-up run of a missed slot (trigger ``backfill``) is that slot's run; runs that are not slots (manual
+triggers, retries sent as runs, runs a timeout triggered) are left out (:data:`~duetime.domain.admission.SLOT_TRIGGERS`,
+the triggers pause, schedule changes and catch-up apply to). A DELETED job
 has no slots after its deletion. Newest first, paged like the other listings.
 """
 
@@ -30,10 +32,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from duetime.domain.admission import schedule_of
+from duetime.domain.admission import SLOT_TRIGGERS, schedule_of
 from duetime.domain.api_models import schedule_lag
 from duetime.domain.errors import PageTokenError, RequestFieldError
-from duetime.domain.models import Job, JobState, Run, RunState, Trigger
+from duetime.domain.models import Job, JobState, Run, RunState
 from duetime.domain.timeutil import from_epoch_ms, to_epoch_ms
 from duetime.services.deps import Deps
 from duetime.services.jobs import get_job
@@ -43,8 +45,6 @@ from duetime.services.jobs import get_job
 DEFAULT_LOOKBACK = timedelta(hours=24)
 #: runs read per store page while matching slots
 _RUNS_PAGE = 100
-#: the triggers whose runs are slots of the schedule (a run-now job's one run included)
-_SLOT_TRIGGERS = frozenset({Trigger.SCHEDULE})
 _MS = timedelta(milliseconds=1)
 
 
@@ -103,7 +103,7 @@ def _slot_runs(job: Job, since: datetime, before: datetime, want: int, deps: Dep
         page, token = deps.store.query_runs(
             job.job_id, limit=_RUNS_PAGE, page_token=token, since=since, until=until
         )
-        found.extend(r for r in page if r.trigger in _SLOT_TRIGGERS)
+        found.extend(r for r in page if r.trigger in SLOT_TRIGGERS)
         if len(found) >= want or token is None:
             return found[:want]
 

@@ -567,3 +567,15 @@ def test_a_bad_environment_variable_name_is_a_400_naming_the_env_field(api: Modu
     assert status == 400, got
     assert got["error"]["field"] == "task.env"
     assert "A=B" in got["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/pause", "/trigger"])
+def test_a_body_sent_to_an_action_that_takes_none_is_a_400(api: ModuleType, path: str) -> None:
+    status, job, _ = call(api, "POST", "/jobs", HELLO)
+    assert status == 201, job
+    status, body, _ = call(api, "POST", f"/jobs/{job['job_id']}{path}", {"x": 1})
+    assert status == 400 and body["error"]["field"] == "body", body
+    assert body["error"]["message"] == f"body: POST /jobs/{{job_id}}{path} takes no body (send none, or {{}})"
+    # an empty object is taken as no body
+    status, body, _ = call(api, "POST", f"/jobs/{job['job_id']}{path}", {})
+    assert status in (200, 202), body

@@ -170,7 +170,7 @@ def create_app() -> DuetimeResolver:
     app = DuetimeResolver(enable_validation=True, json_body_deserializer=read_json_body)
     app.enable_swagger(path="/docs", title=TITLE, version=__version__, summary=SUMMARY, tags=[*TAGS])
     register_error_handlers(app)
-    app.use(middlewares=[reject_unknown_query])
+    app.use(middlewares=[reject_unknown_query, reject_unexpected_body])
 
     def no_route(_: Exception) -> Response[str]:
         method, path = app.current_event.http_method, app.current_event.path
@@ -190,3 +190,23 @@ def create_app() -> DuetimeResolver:
         return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=schema)
 
     return app
+
+
+#: bodies a route that takes none accepts anyway (clients that always send JSON send these for an action)
+_EMPTY_BODIES = frozenset({"", "{}", "null"})
+
+
+def reject_unexpected_body(app: APIGatewayHttpResolver, next_middleware: NextMiddleware) -> Response[Any]:
+    """A global middleware: a body sent to a documented route that takes none (``POST /jobs/{job_id}/pause``,
+    ``/trigger``...) is a 400 naming ``body``, as an unknown field of a body is: it would otherwise be
+    dropped unread. An empty body, ``{}`` and ``null`` are taken as none."""
+    route = app.context.get("_route")
+    body = app.current_event.body
+    if route is None or not route.include_in_schema or body is None or "".join(body.split()) in _EMPTY_BODIES:
+        return next_middleware(app)
+    if isinstance(app, DuetimeResolver) and not app.is_registered(route.path, route.method):
+        return next_middleware(app)  # no such route: the not-found handler answers 404 or 405
+    if get_flat_dependant(route.dependant).body_params:
+        return next_middleware(app)
+    message = f"body: {route.method} {route.openapi_path} takes no body (send none, or {{}})"
+    return error_response(400, "validation_error", message, "body")

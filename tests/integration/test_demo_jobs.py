@@ -1,4 +1,4 @@
-"""``duetime local``'s demo jobs: posted to its own API at start, as the first tenant when the stack has
+"""``duetime local``'s demo jobs: posted to its own API at start, as tenant 'local' or else the first tenant by name when the stack has
 tenants (its API answers 401 without a token), each under its name as job id (a restart finds them)."""
 
 from __future__ import annotations
@@ -63,6 +63,17 @@ def test_with_tenants_the_demo_jobs_are_posted_as_the_first_tenant(
     ]
     out = capsys.readouterr().out
     assert "tenant 'alice'" in out and "rejected" not in out
+
+
+def test_with_tenant_local_among_them_the_demo_jobs_stay_local(
+    tmp_path: Path, api: tuple[str, list[Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a start without --tenant made the demo jobs tenant 'local's; a start with local and alice keeps them so
+    url, seen = api
+    options = LocalOptions(demo_file=_demo_file(tmp_path), tenants={"token-a": "alice", "token-l": "local"})
+    LocalStack(options, api_url=url)._submit_demo_jobs()
+    assert [auth for auth, _ in seen] == ["Bearer token-l"]
+    assert "tenant 'local'" in capsys.readouterr().out
 
 
 def test_without_tenants_the_demo_jobs_carry_no_token(tmp_path: Path, api: tuple[str, list[Any]]) -> None:

@@ -685,8 +685,12 @@ class LocalStack:
         )
         headers = {"Content-Type": "application/json"}
         if self.options.tenants:
-            # the demo jobs belong to the first tenant by name (the API answers 401 without a token)
-            token, tenant = min(self.options.tenants.items(), key=lambda item: (item[1], item[0]))
+            # the demo jobs belong to tenant 'local' if it is one (a start without --tenant made them its own,
+            # so a later start with tenants keeps reaching them), else to the first tenant by name (whatever
+            # the order of the flags); the API answers 401 without a token
+            token, tenant = min(
+                self.options.tenants.items(), key=lambda item: (item[1] != "local", item[1], item[0])
+            )
             headers["Authorization"] = f"Bearer {token}"
             print(f"demo: the demo jobs are submitted as tenant {tenant!r}", flush=True)
         for body in json.loads(text):

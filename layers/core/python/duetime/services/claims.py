@@ -584,10 +584,10 @@ def _claim_in_processes(
             if isinstance(part_result, TickResult):
                 result.merge(part_result)
             else:
-                logger.error("claiming process lost", extra={"shard": shard, "process": child.name})
+                logger.error("claiming process lost", extra={"shard": shard, "claimer": child.name})
                 result.errors += 1
     for child in pending.values():
-        logger.error("claiming process killed: past its time", extra={"shard": shard, "process": child.name})
+        logger.error("claiming process killed: past its time", extra={"shard": shard, "claimer": child.name})
         child.kill()
         result.errors += 1
     for receiver, child in children.items():

@@ -156,3 +156,28 @@ def test_a_child_lost_mid_tick_loses_no_run_and_the_next_tick_claims_the_rest_on
     messages = _messages(deps)
     assert len(messages) == JOBS and set(messages.values()) == {1}
     assert _advanced(deps, jobs)
+
+
+def test_a_child_that_cannot_be_forked_is_one_error_and_the_other_parts_are_claimed(
+    deps: Deps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 40 due jobs, and a machine that runs out of processes at the second fork
+    jobs = _put_due_jobs(deps)
+    real_fork, forks = os.fork, []
+
+    def fork() -> int:
+        forks.append(1)
+        if len(forks) == 2:
+            raise OSError(11, "Resource temporarily unavailable")
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", fork)
+    # When the tick runs
+    first = tick(0, deps)
+    # Then the part left unforked is one error, the other part is claimed, and the next tick claims the rest
+    assert first.errors == 1 and 0 < first.claimed < JOBS
+    monkeypatch.setattr(os, "fork", real_fork)
+    second = tick(0, deps)
+    assert (second.errors, second.already_claimed, first.claimed + second.claimed) == (0, 0, JOBS)
+    assert _runs(deps) == Counter(j.job_id for j in jobs)
+    assert set(_messages(deps).values()) == {1} and _advanced(deps, jobs)

@@ -555,8 +555,8 @@ def _claim_in_processes(
     shard: int, deps: Deps, until: datetime, processes: int, timeout: float
 ) -> TickResult:
     """Fork ``processes`` children, child ``i`` claiming part ``i`` of the shard (:func:`claim_due`); wait at
-    most ``timeout`` seconds for all; their counts added up, plus 1 error per child that crashed or was
-    killed for running past the timeout."""
+    most ``timeout`` seconds for all; their counts added up, plus 1 error per child that could not be
+    forked (its part waits for the next tick), crashed, or was killed for running past the timeout."""
     context = multiprocessing.get_context("fork")  # the children inherit deps; no re-import, no pickling
     result = TickResult(shard=shard)
     children: dict[Connection, BaseProcess] = {}
@@ -568,8 +568,15 @@ def _claim_in_processes(
             name=f"tick-{shard}-{part}",
             daemon=True,
         )
-        forked.start()
-        sender.close()  # the child's end: its exit (or crash) ends our reads
+        try:
+            forked.start()
+        except OSError:  # out of processes or memory: the other parts are still claimed
+            logger.exception("claiming process not started", extra={"shard": shard, "part": part})
+            result.errors += 1
+            receiver.close()
+            continue
+        finally:
+            sender.close()  # the child's end: its exit (or crash) ends our reads
         children[receiver] = forked
     deadline = time.monotonic() + timeout
     pending = dict(children)

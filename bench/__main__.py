@@ -9,7 +9,7 @@ Parts (default: all, in this order):
             burst on APScheduler 3, the baseline (ratio: the default backend over APScheduler 3)
   baseline  only the APScheduler 3 bursts
   submits   POST /jobs of a cron job from 8 concurrent keep-alive clients, on each backend -> submits/s, p50/p99
-  tick      claims/s of one shard's tick against moto's server
+  tick      claims/s of one shard's tick against moto's server (--processes 1,2: tick_processes)
   console   the console's jobs page for a tenant with 10,000 jobs, on each backend -> server ms p50/p99
   notify    run lag while a webhook receiver is down for 2 minutes, against the same load without rules;
             then every event delivered, none twice (issue 17)
@@ -297,6 +297,7 @@ def print_tick(tick: dict[str, Any]) -> None:
     rows = [
         [
             r["m"],
+            r.get("processes", 1),
             r["claims_per_s"],
             r["ms_per_claim"],
             r["call_ms_per_claim"],
@@ -306,7 +307,18 @@ def print_tick(tick: dict[str, Any]) -> None:
         for r in tick["runs"]
     ]
     print(
-        table(rows, ["M due", "claims/s", "ms/claim", "AWS call ms/claim", "Duetime CPU ms", "moto CPU ms"])
+        table(
+            rows,
+            [
+                "M due",
+                "processes",
+                "claims/s",
+                "ms/claim",
+                "AWS call ms/claim",
+                "Duetime CPU ms",
+                "moto CPU ms",
+            ],
+        )
     )
     print("calls per claim: " + ", ".join(f"{k} x{v:g}" for k, v in tick["calls_per_claim"].items()))
 
@@ -374,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
         "--storage-only",
         action="store_true",
         help="cost: measure only the run history's storage (cost.storage_*), keeping the other cost figures",
+    )
+    parser.add_argument(
+        "--processes",
+        type=str,
+        default="1,2",
+        help="the tick part's claiming processes (tick_processes), each measured, e.g. 1,2 (default)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -471,10 +489,15 @@ def main(argv: list[str] | None = None) -> int:
         from bench import tickscale
 
         runs = []
-        for m in QUICK_TICK_M if args.quick else FULL_TICK_M:
-            print(f"tick: one tick claiming {m} due jobs of one shard...", flush=True)
-            runs.append(tickscale.measure(m))
-        best = runs[-1]
+        for processes in [int(p) for p in args.processes.split(",") if p.strip()]:
+            for m in QUICK_TICK_M if args.quick else FULL_TICK_M:
+                print(
+                    f"tick: one tick of {processes} process(es) claiming {m} due jobs of one shard...",
+                    flush=True,
+                )
+                runs.append(tickscale.measure(m, processes=processes))
+        # the one-process run's figures (the local stack's tick); every run's in `runs`
+        best = next((r for r in reversed(runs) if r["processes"] == 1), runs[-1])
         results["tick"] = {
             "runs": runs,
             "claims_per_s": best["claims_per_s"],

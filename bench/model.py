@@ -21,6 +21,9 @@ AWS limits used (all per region, default quotas; most are adjustable):
 - EventBridge Scheduler (the tick's trigger): 1,000 invocations/s by default; one schedule per shard needs
   shards/60 per second. Source: "Quotas for EventBridge Scheduler"
   (https://docs.aws.amazon.com/scheduler/latest/UserGuide/scheduler-quotas.html).
+- Lambda's CPU: 1 vCPU per 1,769 MB of memory, up to 6 vCPUs at 10,240 MB. Source: "Memory and computing
+  power", AWS Lambda Developer Guide (https://docs.aws.amazon.com/lambda/latest/dg/configuration-memory.html).
+  The ``prod`` stage's tick claims with ``tick_processes`` processes on that many vCPUs (cdk.json).
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import capacity
-from duetime.adapters.aws.resources import WATCH_KEYS_PER_SHARD
+from duetime.adapters.aws.resources import DUE_KEYS_PER_SHARD, WATCH_KEYS_PER_SHARD
+
+#: the CDK app's stage presets: the ``prod`` stage's ``tick_processes`` sizes the tick
+CDK_JSON = Path(__file__).resolve().parents[1] / "cdk.json"
 
 #: due-index write units of one tick claim of a repeating job (its entry deleted and put at the next fire)
 DUE_MOVE_WRU_PER_CLAIM = 2.0
@@ -59,8 +65,33 @@ LIFECYCLE_IA_DAYS = 60
 MIN_TRANSITION_BYTES = 128 * 1024
 
 
-def project(results: dict[str, Any]) -> dict[str, Any]:
-    """The projection from ``latest.json``-shaped ``results`` (needs ``cost``; uses ``tick`` and ``lag``)."""
+def prod_tick_processes() -> int:
+    """The ``prod`` stage's ``tick_processes`` (cdk.json's preset over the stage defaults)."""
+    from infra.config import stage_from_context
+
+    context = json.loads(CDK_JSON.read_text())["context"]
+    values = {"stage": "prod", "stages": context.get("stages", {})}
+    return stage_from_context(values.get).tick_processes
+
+
+def tick_cpu_ms_per_claim(tick: dict[str, Any]) -> tuple[float, int]:
+    """The measured Duetime CPU per claim of a tick, ms, and the processes it was measured with: the run
+    with the most claiming processes (its figure has the parent's part and the forks in it), the highest of
+    its kind; (0, 1) with no runs."""
+    runs = [r for r in tick.get("runs", []) if r.get("cpu_duetime_ms_per_claim")]
+    if not runs:
+        return 0.0, 1
+    most = max(int(r.get("processes") or 1) for r in runs)
+    return (
+        max(float(r["cpu_duetime_ms_per_claim"]) for r in runs if int(r.get("processes") or 1) == most),
+        most,
+    )
+
+
+def project(results: dict[str, Any], *, tick_processes: int | None = None) -> dict[str, Any]:
+    """The projection from ``latest.json``-shaped ``results`` (needs ``cost``; uses ``tick`` and ``lag``),
+    for ticks of ``tick_processes`` processes (default: the ``prod`` stage's, :func:`prod_tick_processes`)."""
+    processes = prod_tick_processes() if tick_processes is None else tick_processes
     cost = results["cost"]
     per_run = cost["per_run"]
     gsi = dict(per_run.get("gsi_wru", {}))
@@ -88,8 +119,8 @@ def project(results: dict[str, Any]) -> dict[str, Any]:
             "max_runs_per_s_per_key": round(max_per_key, 1),
             "keys_needed_at_peak": math.ceil(peak / max_per_key) if units else 0,
         }
-    # the due index has one key value per shard; the watchdog WATCH_KEYS_PER_SHARD (its key is spread)
-    per_shard = {"due": 1, "watchdog": WATCH_KEYS_PER_SHARD}
+    # the due index has DUE_KEYS_PER_SHARD key values per shard, the watchdog WATCH_KEYS_PER_SHARD
+    per_shard = {"due": DUE_KEYS_PER_SHARD, "watchdog": WATCH_KEYS_PER_SHARD}
     shards_for_gsi = max(
         (math.ceil(h["keys_needed_at_peak"] / per_shard[i]) for i, h in hot.items() if i in per_shard),
         default=0,
@@ -104,15 +135,15 @@ def project(results: dict[str, Any]) -> dict[str, Any]:
     )
     sqs_per_claim = sum(v for k, v in claim_calls.items() if k.startswith("sqs"))
     aws_ms_per_claim = ddb_writes_per_claim * AWS_DYNAMODB_WRITE_MS + sqs_per_claim * AWS_SQS_SEND_MS
-    # a tick claims `claim_concurrency` jobs at once (threads), each claim's calls one after the other
+    # each of a tick's processes claims `claim_concurrency` jobs at once (threads), each claim's calls one
+    # after the other
     concurrency = int(tick.get("claim_concurrency") or 1)
-    aws_claims_per_s = concurrency * 1000 / aws_ms_per_claim if aws_ms_per_claim else None
-    # and at most what one vCPU does at the measured Duetime CPU per claim (the tick is one Python process:
-    # its threads share one core through the GIL; botocore's serialising and signing is most of it)
-    cpu_ms_per_claim = max(
-        (float(r.get("cpu_duetime_ms_per_claim") or 0) for r in tick.get("runs", [])), default=0
-    )
-    cpu_claims_per_s = 1000 / cpu_ms_per_claim if cpu_ms_per_claim else None
+    aws_claims_per_s = processes * concurrency * 1000 / aws_ms_per_claim if aws_ms_per_claim else None
+    # and at most what its processes' vCPUs do at the measured Duetime CPU per claim (a process's threads
+    # share one core through the GIL; botocore's serialising and signing is most of it), each process on a
+    # vCPU of its own (the tick function's memory buys them: infra StageConfig.tick_memory_mb)
+    cpu_ms_per_claim, measured_processes = tick_cpu_ms_per_claim(tick)
+    cpu_claims_per_s = processes * 1000 / cpu_ms_per_claim if cpu_ms_per_claim else None
     if aws_claims_per_s and cpu_claims_per_s:
         aws_claims_per_s = min(aws_claims_per_s, cpu_claims_per_s)
     shards_for_ticks_aws = math.ceil(peak / aws_claims_per_s) if aws_claims_per_s else None
@@ -166,11 +197,15 @@ def project(results: dict[str, Any]) -> dict[str, Any]:
         },
         "ticks": {
             "local_claims_per_s_per_shard": local_claims_per_s,
+            "tick_processes": processes,
             "claim_concurrency": concurrency,
             "assumed_aws_ms_per_claim": round(aws_ms_per_claim, 1),
             "assumed_aws_claims_per_s_per_shard": round(aws_claims_per_s, 1) if aws_claims_per_s else None,
             "cpu_ms_per_claim": cpu_ms_per_claim or None,
+            "cpu_ms_per_claim_measured_with_processes": measured_processes,
             "cpu_bound_claims_per_s_per_shard": round(cpu_claims_per_s, 1) if cpu_claims_per_s else None,
+            "due_keys_per_shard": DUE_KEYS_PER_SHARD,
+            "due_gsi_bound_claims_per_s_per_shard": round(DUE_KEYS_PER_SHARD * PARTITION_WCU / gsi["due"], 1),
             "shards_for_peak_claims_aws": shards_for_ticks_aws,
             "shards_for_peak_claims_at_local_speed": shards_for_ticks_local,
             "shards_for_gsi_partitions": shards_for_gsi,
@@ -282,8 +317,10 @@ def render(p: dict[str, Any]) -> str:
     lines += [
         f"  Ticks: {t['local_claims_per_s_per_shard']} claims/s per shard measured on moto; "
         f"~{t['assumed_aws_claims_per_s_per_shard']}/s assumed on AWS ({t['assumed_aws_ms_per_claim']} ms/claim, "
-        f"{t['claim_concurrency']} at once; at most {t['cpu_bound_claims_per_s_per_shard']}/s on one vCPU at "
-        f"{t['cpu_ms_per_claim']} ms of Duetime CPU per claim)",
+        f"{t['claim_concurrency']} at once in each of {t['tick_processes']} processes; at most "
+        f"{t['cpu_bound_claims_per_s_per_shard']}/s on {t['tick_processes']} vCPUs at {t['cpu_ms_per_claim']} ms "
+        f"of Duetime CPU per claim; the due index at most {t['due_gsi_bound_claims_per_s_per_shard']}/s over "
+        f"its {t['due_keys_per_shard']} keys per shard)",
         f"    shards needed: {t['shards']} (claims: {t['shards_for_peak_claims_aws']} on AWS, "
         f"{t['shards_for_peak_claims_at_local_speed']} at local speed; GSI partitions: {t['shards_for_gsi_partitions']})",
         f"  Workers (concurrent runs at peak, assumed {w['assumed_aws_overhead_s_per_run']} s overhead/run): "

@@ -19,6 +19,12 @@ from duetime.config.settings import CONTAINER_TIERS, Settings
 #: Context keys read by :func:`stage_from_context`.
 #: EventBridge Scheduler invokes every shard's tick at this period, seconds (``rate(1 minute)``).
 TICK_PERIOD_SECONDS = 60
+#: Lambda's memory sizes and the vCPUs they come with: 1 vCPU per 1,769 MB, up to 6 vCPUs at 10,240 MB
+#: ("Memory and computing power", AWS Lambda Developer Guide, "Configuring Lambda function memory")
+LAMBDA_MB_PER_VCPU = 1769
+LAMBDA_MAX_MEMORY_MB = 10_240
+#: the tick function's memory when it claims in one process (its own 1 vCPU share is plenty for the I/O)
+TICK_ONE_PROCESS_MEMORY_MB = 512
 STAGE_CONTEXT_KEY = "stage"
 STAGES_CONTEXT_KEY = "stages"
 OVERRIDE_PREFIX = "duetime:"
@@ -212,6 +218,9 @@ class StageConfig(Frozen):
     region: str | None = None
     #: shards of the jobs table: one EventBridge Scheduler schedule (and tick) per shard.
     shard_count: int = Field(default=4, ge=1, le=1024)
+    #: processes each tick claims its shard with (``DUETIME_TICK_PROCESSES``): above 1, the tick function
+    #: gets the memory of that many vCPUs (:attr:`tick_memory_mb`); at most 6, Lambda's largest
+    tick_processes: int = Field(default=1, ge=1, le=6)
     #: the hot window (``DUETIME_RUN_RETENTION_DAYS``): days a finished run stays in the runs table before
     #: DynamoDB's TTL sends it to the archive (``duetime.domain.retention``); fractional
     retention_days: float = Field(default=14.0, gt=0, le=3650)
@@ -257,6 +266,14 @@ class StageConfig(Frozen):
     #: to the expected peak (``python -m bench model`` gives the write units per second of each at 12K
     #: starts/s); empty: DynamoDB's defaults
     warm_throughput: dict[str, WarmThroughputConfig] = Field(default_factory=dict)
+
+    @property
+    def tick_memory_mb(self) -> int:
+        """The tick function's memory, MB: 512 for one process; else ``tick_processes`` vCPUs' worth
+        (1,769 MB each, capped at Lambda's 10,240 MB: 6 vCPUs), so each process has a core of its own."""
+        if self.tick_processes == 1:
+            return TICK_ONE_PROCESS_MEMORY_MB
+        return min(LAMBDA_MAX_MEMORY_MB, self.tick_processes * LAMBDA_MB_PER_VCPU)
 
     @property
     def log_retention(self) -> str:
@@ -312,6 +329,7 @@ class StageConfig(Frozen):
                 "logs_bucket": "-",
                 "queue_urls": {"small": "-"},
                 "shard_count": self.shard_count,
+                "tick_processes": self.tick_processes,
                 "run_retention_days": self.retention_days,
                 "failed_run_retention_days": self.failed_run_retention_days,
                 "keep_last_runs": self.keep_last_runs,

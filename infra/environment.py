@@ -39,6 +39,7 @@ def runtime_environment(
         "logs_bucket": storage.logs_bucket_name,
         "queue_urls": queues.urls,
         "shard_count": config.shard_count,
+        "tick_processes": config.tick_processes,  # read by the tick alone
         "tick_period_seconds": TICK_PERIOD_SECONDS,
         "run_retention_days": config.retention_days,
         "failed_run_retention_days": config.failed_run_retention_days,

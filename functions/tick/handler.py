@@ -17,7 +17,7 @@ from duetime.services.claims import tick
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     shard = int(event["shard"])
-    result = tick(shard, default_deps())
+    result = tick(shard, default_deps(), child_timeout_seconds=_child_time(context))
     metrics.add_metric(name="RunsClaimed", unit=MetricUnit.Count, value=result.claimed)
     if result.errors:
         metrics.add_metric(name="ClaimErrors", unit=MetricUnit.Count, value=result.errors)
@@ -28,3 +28,21 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         "not_advanced": result.not_advanced,
         "errors": result.errors,
     }
+
+
+#: seconds of the invocation a tick of several processes keeps for itself after its children's time is up
+#: (kill them, add up what came back, release the shard's lease, report)
+WIND_DOWN_SECONDS = 5.0
+
+
+def _child_time(context: LambdaContext) -> float | None:
+    """How long a tick's claiming processes may take: the invocation's remaining time less the wind-down
+    (None where the context says nothing: the tick's default, one tick period)."""
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    if not callable(remaining):
+        return None
+    try:
+        left = float(remaining()) / 1000 - WIND_DOWN_SECONDS
+    except (TypeError, ValueError):
+        return None
+    return max(1.0, left)

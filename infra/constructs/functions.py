@@ -129,7 +129,8 @@ API = FunctionSpec(
     ),
 )
 #: The tick runs ``duetime.services.claims.tick``: take the shard lease (UpdateItem on its item in the jobs table),
-#: Query the due index, then per job PutItem run, UpdateItem job, SendMessage to the run's tier; release.
+#: Query the due index (each of the shard's due keys), then per job PutItem run, UpdateItem job, SendMessage to
+#: the run's tier; release. Its memory is the stage's (``StageConfig.tick_memory_mb``: a vCPU per process).
 TICK = FunctionSpec(
     "tick",
     "Duetime tick: claim the due runs of one shard",
@@ -331,7 +332,8 @@ class Functions(Construct):
             layers=[self.layer],
             role=role,
             timeout=Duration.seconds(spec.timeout_seconds),
-            memory_size=spec.memory_mib,
+            # the tick's memory buys it a vCPU per claiming process (StageConfig.tick_memory_mb)
+            memory_size=config.tick_memory_mb if spec.name == TICK.name else spec.memory_mib,
             environment=environment,
             log_group=log_group,
             logging_format=lambda_.LoggingFormat.JSON,

@@ -164,7 +164,7 @@ def test_the_model_sizes_shards_from_the_hot_gsi_and_the_tick_rate() -> None:
             },
         },
     }
-    p = model.project(results)
+    p = model.project(results, tick_processes=1)
     # watchdog: 4 WRU per run on one key value -> 250 runs/s per key value -> 48 values for 12,000/s
     assert p["dynamodb"]["gsi_hot_keys"]["watchdog"]["keys_needed_at_peak"] == 48
     assert p["dynamodb"]["peak_wru_per_s"] == 144_000
@@ -174,15 +174,49 @@ def test_the_model_sizes_shards_from_the_hot_gsi_and_the_tick_rate() -> None:
     assert p["usd_per_day"] == 1000
     assert "Scale model" in model.render(p)
     # a tick claiming 8 at once: 8 x 45.5/s per shard -> 33 shards, more than the watchdog's 48 key values
-    # need (4 per shard: 12) and the due index's 24 (2 WRU per run on one key value per shard)
+    # need (4 per shard: 12) and the due index's 24 (2 WRU per run: 500/s per key, 4 keys per shard: 6)
     results["tick"]["claim_concurrency"] = 8
-    p = model.project(results)
+    p = model.project(results, tick_processes=1)
     assert p["ticks"]["shards_for_peak_claims_aws"] == 33
-    assert p["ticks"]["shards_for_gsi_partitions"] == 24
+    assert p["ticks"]["shards_for_gsi_partitions"] == 12
+    assert p["ticks"]["due_gsi_bound_claims_per_s_per_shard"] == 2000
     assert p["ticks"]["shards"] == 33
-    # claiming 32 at once: 9 shards for the claims, so the due index's 24 key values bind
+    # claiming 32 at once: 9 shards for the claims, so the watchdog's 12 bind
     results["tick"]["claim_concurrency"] = 32
-    assert model.project(results)["ticks"]["shards"] == 24
+    assert model.project(results, tick_processes=1)["ticks"]["shards"] == 12
+
+
+def test_the_model_gives_each_tick_process_a_vcpu_at_the_measured_cpu_per_claim() -> None:
+    # Given 5 ms of Duetime CPU per claim measured with 1 process and 6 ms with 2 (the parent's part in it)
+    results = {
+        "cost": {
+            "per_run": {"calls": {}, "gsi_wru": {"watchdog": 2.0, "due": 2.0}, "table_wru": {}},
+            "dynamodb_wru_per_run": 5.0,
+            "dynamodb_rru_per_run": 0.1,
+            "usd_per_million_runs": 10.0,
+        },
+        "tick": {
+            "claims_per_s": 50.0,
+            "claim_concurrency": 8,
+            "calls_per_claim": {"dynamodb PutItem runs": 1, "dynamodb UpdateItem jobs": 1},
+            "runs": [
+                {"processes": 1, "cpu_duetime_ms_per_claim": 5.0},
+                {"processes": 2, "cpu_duetime_ms_per_claim": 6.0},
+            ],
+        },
+    }
+    # Then the figure with the parent's part counts: one process, 1000 / 6 = 166.7 claims/s per shard on its
+    # one vCPU, 72 shards for 12,000/s
+    one = model.project(results, tick_processes=1)["ticks"]
+    assert (one["cpu_bound_claims_per_s_per_shard"], one["shards"]) == (166.7, 72)
+    assert one["cpu_ms_per_claim"] == 6.0 and one["cpu_ms_per_claim_measured_with_processes"] == 2
+    # and four: 4 x 1000 / 6 = 666.7/s per shard, 18 shards (the watchdog's 6 and the due index's 6 do not bind)
+    four = model.project(results, tick_processes=4)["ticks"]
+    assert (four["cpu_bound_claims_per_s_per_shard"], four["shards"]) == (666.7, 18)
+    assert four["shards_for_gsi_partitions"] == 6
+    # and by default the prod stage's (cdk.json: 4)
+    assert model.prod_tick_processes() == 4
+    assert model.project(results)["ticks"]["tick_processes"] == 4
 
 
 def test_the_total_with_storage_prices_the_logs_in_s3_standard_and_in_s3_express_one_zone() -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from duetime.adapters.aws import clients as aws
-from duetime.adapters.aws.resources import WATCH_KEYS_PER_SHARD
+from duetime.adapters.aws.resources import DUE_KEYS_PER_SHARD, WATCH_KEYS_PER_SHARD
 from duetime.config.deps import Deps
 from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.clock import FixedClock
@@ -164,18 +164,19 @@ def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
     ticked = counted.take()
     assert result.claimed == 1
 
-    # Then a tick with nothing due costs one empty Query (plus its shard lease), and the due job adds
-    # exactly: PutItem run, UpdateItem job (advance), SendMessageBatch, and its bytes in the Query's page
+    # Then a tick with nothing due costs one empty Query per due key of its shard and one of the legacy key
+    # (rows written before the spread) (plus its shard lease), and the due job adds exactly: PutItem run,
+    # UpdateItem job (advance), SendMessageBatch, and its bytes in its key's Query page
     fixed_ops = ops(fixed)
-    assert fixed_ops["dynamodb Query test-jobs"] == 1
-    assert [r["items"] for r in fixed if r["op"] == "Query"] == [0]
+    assert fixed_ops["dynamodb Query test-jobs"] == DUE_KEYS_PER_SHARD + 1
+    assert [r["items"] for r in fixed if r["op"] == "Query"] == [0] * (DUE_KEYS_PER_SHARD + 1)
     per_run = ops(ticked) - fixed_ops
     assert per_run == {
         "dynamodb PutItem test-runs": 1,
         "dynamodb UpdateItem test-jobs": 1,
         "sqs SendMessageBatch test-small": 1,
     }
-    assert [r["items"] for r in ticked if r["op"] == "Query"] == [1]
+    assert sorted(r["items"] for r in ticked if r["op"] == "Query") == [0] * DUE_KEYS_PER_SHARD + [1]
     # put run: table + watchdog; advance (next_fire_at moves): table + due delete + due put; by_tenant
     # projects only state and name, so a claim never writes it
     assert wru(ticked) - wru(fixed) == 2 + 3

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
+import pytest
+
 from duetime.domain.models import Job, JobState, OverlapPolicy, Run, RunState
 from duetime.domain.ports import Store
 from tests.contract.conftest import T0, Adapters
@@ -393,3 +395,30 @@ def test_query_due_follows_each_advance_oldest_first_within_its_shard(adapters: 
         expected_next_fire_at=T0 + 2 * minute,
     )
     eventually(due(FAR), [])
+
+
+def test_query_due_parts_split_a_shards_due_jobs_disjoint_each_oldest_first(adapters: Adapters) -> None:
+    # Given 12 due jobs of shard 2, due a second apart, and one of another shard
+    store = adapters.store
+    second = timedelta(seconds=1)
+    ids = [f"part-{i:02d}" for i in range(12)]
+    for i, job_id in enumerate(ids):
+        store.put_new_job(make_job(job_id, shard=2, next_fire_at=T0 + i * second))
+    store.put_new_job(make_job("part-other", shard=3, next_fire_at=T0))
+
+    def parts(count: int) -> list[list[str]]:
+        return [[j.job_id for j in store.query_due(2, FAR, part=p, parts=count)] for p in range(count)]
+
+    eventually(lambda: [j.job_id for j in store.query_due(2, FAR)], ids)
+    # Then for any number of parts, the parts are disjoint, each oldest first, and together the shard's jobs
+    for count in (1, 2, 3, 4, 6):
+        split = parts(count)
+        assert sorted(job_id for part in split for job_id in part) == ids
+        assert all(part == sorted(part) for part in split)
+        # and a job's part is fixed: asked again, the same split
+        assert parts(count) == split
+    assert parts(2)[0] and parts(2)[1]
+    # And a part outside the range is refused
+    for part, count in ((2, 2), (-1, 2), (0, 0)):
+        with pytest.raises(ValueError):
+            list(store.query_due(2, FAR, part=part, parts=count))

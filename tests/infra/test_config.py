@@ -141,3 +141,13 @@ def test_logs_must_outlive_the_longest_hot_tier() -> None:
         StageConfig(failed_run_retention_days=400, log_lifecycle={"expiration_days": 365})
 
     assert StageConfig(failed_run_retention_days=365).log_lifecycle.expiration_days == 365
+
+
+def test_a_tick_of_several_processes_gets_a_vcpu_each_up_to_lambdas_six() -> None:
+    # 1,769 MB per vCPU; 10,240 MB (6 vCPUs) at most; one process keeps the small function
+    assert [StageConfig(tick_processes=p).tick_memory_mb for p in (1, 2, 4, 6)] == [512, 3_538, 7_076, 10_240]
+    for bad in (0, 7):
+        with pytest.raises(ValidationError):
+            StageConfig(tick_processes=bad)
+    presets = json.loads(CDK_JSON.read_text())["context"]["stages"]
+    assert stage_from_context(context(stage="prod", stages=presets)).tick_processes == 4

@@ -1011,7 +1011,7 @@ def test_no_resource_has_a_hard_coded_physical_name(dev: Synthesized) -> None:
                 assert not isinstance(value, str), (lid, key, value)
 
 
-def test_the_prod_stage_sets_warm_throughput_on_the_hot_tables_and_indexes(
+def test_the_prod_stage_sets_warm_throughput_on_the_hot_tables_and_indexes_and_a_tick_of_four_processes(
     tmp_path_factory: pytest.TempPathFactory, dev: Synthesized
 ) -> None:
     # the prod preset, and (a -c override of the whole field) the idempotency table too
@@ -1040,6 +1040,13 @@ def test_the_prod_stage_sets_warm_throughput_on_the_hot_tables_and_indexes(
     assert indexes["dead_letters"] is None
     # and dev leaves DynamoDB's defaults
     assert all("WarmThroughput" not in t for t in tables(dev).values())
+    # and its ticks claim with 4 processes, the tick function sized for 4 vCPUs (1,769 MB each); dev's with 1
+    for synth, processes, memory in ((prod, "4", 7_076), (dev, "1", 512)):
+        tick = synth.resources[logical_id(synth, synth.stack.functions.functions["tick"])]["Properties"]
+        assert tick["MemorySize"] == memory
+        assert tick["Environment"]["Variables"]["DUETIME_TICK_PROCESSES"] == processes
+    api = dev.resources[logical_id(dev, dev.stack.functions.functions["api"])]["Properties"]
+    assert api["MemorySize"] == 512
     # and cfn-lint knows the property and finds nothing in the prod template
     result = cfn_lint(prod)
     assert result is not None, "cfn-lint comes with the cdk extra"

@@ -59,6 +59,13 @@ class Settings(BaseModel):
     #: claims a tick makes at once within its shard (threads; each claim is three round trips, so one shard
     #: claims about ``claim_concurrency`` times faster than sequentially); 1 = one after the other
     claim_concurrency: int = Field(default=8, ge=1, le=32)
+    #: processes one tick claims its shard with (``DUETIME_TICK_PROCESSES``), each with
+    #: ``claim_concurrency`` threads: a process's threads share one core through the GIL, so a tick's CPU
+    #: (about 4 ms per claim) bounds a shard at about 250 claims/s per process. Bounded by the vCPUs of a
+    #: Lambda function: 1 per 1,769 MB of memory, up to 6 at 10,240 MB ("Memory and computing power",
+    #: AWS Lambda Developer Guide, "Configuring Lambda function memory"); 1 (the default, and the local
+    #: stack's): the tick claims in its own process
+    tick_processes: int = Field(default=1, ge=1, le=6)
     #: due jobs claimed together, each claim step done for the batch at once (services.claims.claim_batch):
     #: on AWS one SendMessageBatch per 10 messages (SQS's limit, hence the default); the embedded store
     #: does a step for the whole batch in one transaction
@@ -191,6 +198,7 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_TICK_PERIOD_SECONDS": "tick_period_seconds",
     "DUETIME_TICK_MARGIN_SECONDS": "tick_margin_seconds",
     "DUETIME_CLAIM_CONCURRENCY": "claim_concurrency",
+    "DUETIME_TICK_PROCESSES": "tick_processes",
     "DUETIME_CLAIM_BATCH_SIZE": "claim_batch_size",
     "DUETIME_LEASE_SECONDS": "lease_seconds",
     "DUETIME_HEARTBEAT_SECONDS": "heartbeat_seconds",

@@ -56,6 +56,9 @@ class JobAdvance:
     claimed: datetime
     next_fire_at: datetime | None
     missed: int = 0
+    #: the job's shard, when the claimer knows it: a store that spreads a shard over several index keys
+    #: rewrites the job's key with the advance (DynamoDB: a row written before the spread moves to its own)
+    shard: int | None = None
 
 
 @dataclass(frozen=True)
@@ -122,8 +125,16 @@ class JobStore(Protocol):
         index alone, without reading the jobs themselves: what a page of a console shows. May lag a job's
         change of state or name by a moment (DynamoDB's index is eventually consistent)."""
 
-    def query_due(self, shard: int, until: datetime) -> Iterator[Job]:
-        """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (may lag writes by a moment)."""
+    def query_due(self, shard: int, until: datetime, *, part: int = 0, parts: int = 1) -> Iterator[Job]:
+        """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (may lag writes by a moment).
+
+        ``part`` of ``parts`` (a tick of several processes gives each its own part): the shard's due jobs
+        split into ``parts`` disjoint parts, fixed per job, that together are all of them; this part's,
+        oldest first. Which part holds a job is the store's choice (some parts may be empty).
+
+        Raises:
+            ValueError: ``part`` is not in ``range(parts)``.
+        """
 
     def advance(
         self, job_id: str, *, claimed: datetime, next_fire_at: datetime | None, now: datetime, missed: int = 0

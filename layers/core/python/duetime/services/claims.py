@@ -10,6 +10,8 @@ its own, so a batch is only fewer commits and requests, never a wider claim.
 
 from __future__ import annotations
 
+import multiprocessing
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -18,6 +20,9 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import islice
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_readable
+from multiprocessing.process import BaseProcess
 
 from duetime.config.observability import logger
 from duetime.domain.admission import is_missed, next_fire_after, schedule_of, select_slots
@@ -278,7 +283,7 @@ def _plan(
         for i, due_at in enumerate(slots)
     ]
     last_handled = slots[-1] if slots else max(claimed, now)
-    advance = JobAdvance(job.job_id, claimed, next_fire_after(job, last_handled), missed)
+    advance = JobAdvance(job.job_id, claimed, next_fire_after(job, last_handled), missed, shard=job.shard)
     return _Planned(job, runs, missed, advance)
 
 
@@ -410,7 +415,14 @@ def _send(batch: list[_Planned], deps: Deps) -> None:
 
 @dataclass
 class TickResult:
-    """Counts from one tick of one shard."""
+    """Counts from one tick of one shard.
+
+    ``claimed``: runs this tick inserted; ``already_claimed``: runs an earlier claim had inserted (advanced
+    or re-sent now); ``not_advanced``: claims whose job another claimer had moved on; ``errors``: jobs whose
+    claim failed, plus each claiming process that crashed or hung (the next tick retries); ``missed``: slots
+    catch-up skipped; ``busy``: another tick held the shard's lease (nothing done); ``run_ids``: every run
+    claimed, in no particular order across processes.
+    """
 
     shard: int
     claimed: int = 0
@@ -420,6 +432,15 @@ class TickResult:
     missed: int = 0
     busy: bool = False
     run_ids: list[str] = field(default_factory=list)
+
+    def merge(self, other: TickResult) -> None:
+        """Add ``other``'s counts and run ids (a child process's part of this tick) to these."""
+        self.claimed += other.claimed
+        self.already_claimed += other.already_claimed
+        self.not_advanced += other.not_advanced
+        self.errors += other.errors
+        self.missed += other.missed
+        self.run_ids.extend(other.run_ids)
 
 
 def claim_until(
@@ -465,7 +486,14 @@ def claim_until_batch(
     return results
 
 
-def tick(shard: int, deps: Deps, *, owner: str | None = None) -> TickResult:
+def tick(
+    shard: int,
+    deps: Deps,
+    *,
+    owner: str | None = None,
+    processes: int | None = None,
+    child_timeout_seconds: float | None = None,
+) -> TickResult:
     """Claim every run of ``shard`` due within the lookahead (now + tick period + margin).
 
     The tick first takes the shard's lease (one tick per shard at a time; a dead tick's lease lapses after
@@ -476,6 +504,23 @@ def tick(shard: int, deps: Deps, *, owner: str | None = None) -> TickResult:
     on conditional writes, as two ticks would). One failing job never stops the others: a batch that fails
     is claimed again job by job, and a job whose own claim fails is logged and counted; the next tick
     retries it.
+
+    With ``processes`` (default ``settings.tick_processes``) above 1, this process holds the lease and forks
+    that many child processes, child ``i`` claiming part ``i`` of the shard's due jobs
+    (``store.query_due(shard, until, part=i, parts=processes)``: disjoint parts, so no job is claimed by two
+    children) with its own threads as above and its own AWS clients (created after the fork:
+    :mod:`duetime.adapters.aws.clients`). Each sends its :class:`TickResult` back through a pipe
+    (``multiprocessing.Pipe``: Lambda has no ``/dev/shm`` for the semaphores of ``multiprocessing.Queue``
+    and ``Pool``), and the counts are added up. A child that crashes, or is still claiming after
+    ``child_timeout_seconds`` (default: one tick period, the lease) and is killed, adds 1 to ``errors`` and
+    loses no run: the claims it made stand (each step is conditional and idempotent), and the next tick
+    claims what it left due, finding any run it wrote but did not advance (``already_claimed``).
+
+    Returns:
+        the tick's counts (:class:`TickResult`).
+
+    Raises:
+        the store's faults of taking or releasing the lease (nothing claimed, or everything claimed stands).
     """
     now = deps.clock.now()
     until = now + timedelta(seconds=deps.settings.tick_lookahead_seconds)
@@ -486,6 +531,101 @@ def tick(shard: int, deps: Deps, *, owner: str | None = None) -> TickResult:
     ):
         result.busy = True
         return result
+    width = processes or deps.settings.tick_processes
+    try:
+        if width == 1:
+            result.merge(claim_due(shard, deps, until))
+        else:
+            timeout = child_timeout_seconds
+            result.merge(
+                _claim_in_processes(
+                    shard,
+                    deps,
+                    until,
+                    width,
+                    deps.settings.tick_period_seconds if timeout is None else timeout,
+                )
+            )
+    finally:
+        deps.store.release_shard_lease(shard, owner=me, now=deps.clock.now())
+    return result
+
+
+def _claim_in_processes(
+    shard: int, deps: Deps, until: datetime, processes: int, timeout: float
+) -> TickResult:
+    """Fork ``processes`` children, child ``i`` claiming part ``i`` of the shard (:func:`claim_due`); wait at
+    most ``timeout`` seconds for all; their counts added up, plus 1 error per child that could not be
+    forked (its part waits for the next tick), crashed, or was killed for running past the timeout."""
+    context = multiprocessing.get_context("fork")  # the children inherit deps; no re-import, no pickling
+    result = TickResult(shard=shard)
+    children: dict[Connection, BaseProcess] = {}
+    for part in range(processes):
+        receiver, sender = context.Pipe(duplex=False)
+        forked = context.Process(
+            target=_claim_part,
+            args=(sender, shard, deps, until, part, processes),
+            name=f"tick-{shard}-{part}",
+            daemon=True,
+        )
+        try:
+            forked.start()
+        except OSError:  # out of processes or memory: the other parts are still claimed
+            logger.exception("claiming process not started", extra={"shard": shard, "part": part})
+            result.errors += 1
+            receiver.close()
+            continue
+        finally:
+            sender.close()  # the child's end: its exit (or crash) ends our reads
+        children[receiver] = forked
+    deadline = time.monotonic() + timeout
+    pending = dict(children)
+    while pending and (left := deadline - time.monotonic()) > 0:
+        for ready in wait_readable(list(pending), timeout=left):
+            assert isinstance(ready, Connection)
+            child = pending.pop(ready)
+            try:
+                part_result = ready.recv()
+            except (EOFError, OSError):  # died before it sent its counts
+                part_result = None
+            if isinstance(part_result, TickResult):
+                result.merge(part_result)
+            else:
+                logger.error("claiming process lost", extra={"shard": shard, "claimer": child.name})
+                result.errors += 1
+    for child in pending.values():
+        logger.error("claiming process killed: past its time", extra={"shard": shard, "claimer": child.name})
+        child.kill()
+        result.errors += 1
+    for receiver, child in children.items():
+        child.join(timeout=5)
+        receiver.close()
+    return result
+
+
+def _claim_part(sender: Connection, shard: int, deps: Deps, until: datetime, part: int, parts: int) -> None:
+    """A child process of a tick: claim part ``part`` of ``parts`` of the shard and send the counts."""
+    try:
+        outcome = claim_due(shard, deps, until, part=part, parts=parts)
+    except Exception:  # noqa: BLE001 - the parent counts it as an error; the next tick retries
+        logger.exception("claiming process failed", extra={"shard": shard, "part": part})
+        outcome = TickResult(shard=shard, errors=1)
+    sender.send(outcome)
+    sender.close()
+
+
+def claim_due(shard: int, deps: Deps, until: datetime, *, part: int = 0, parts: int = 1) -> TickResult:
+    """Claim the runs of ``shard`` due by ``until`` (UTC), of part ``part`` of ``parts`` of its due jobs
+    (``store.query_due``), without the shard's lease (:func:`tick` holds it): batches of
+    ``settings.claim_batch_size``, up to ``settings.claim_concurrency`` at once (threads).
+
+    Returns:
+        the counts (``busy`` never set).
+
+    Raises:
+        the store's faults of querying the due index (the claims made so far stand).
+    """
+    result = TickResult(shard=shard)
 
     def claim_one(job: Job) -> list[ClaimResult] | None:
         try:
@@ -519,29 +659,26 @@ def tick(shard: int, deps: Deps, *, owner: str | None = None) -> TickResult:
             result.not_advanced += 0 if outcome.advanced else 1
 
     def chunks() -> Iterator[list[Job]]:
-        due = iter(deps.store.query_due(shard, until))
+        due = iter(deps.store.query_due(shard, until, part=part, parts=parts))
         while chunk := list(islice(due, deps.settings.claim_batch_size)):
             yield chunk
 
     width = deps.settings.claim_concurrency
-    try:
-        if width == 1:
+    if width == 1:
+        for chunk in chunks():
+            for outcomes in claim_chunk(chunk):
+                add(outcomes)
+    else:
+        with ThreadPoolExecutor(max_workers=width, thread_name_prefix=f"claim-{shard}") as pool:
+            pending: set[Future[list[list[ClaimResult] | None]]] = set()
             for chunk in chunks():
-                for outcomes in claim_chunk(chunk):
+                if len(pending) >= 2 * width:  # bounded: the due index may hold many pages
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        for outcomes in future.result():
+                            add(outcomes)
+                pending.add(pool.submit(claim_chunk, chunk))
+            for future in pending:
+                for outcomes in future.result():
                     add(outcomes)
-        else:
-            with ThreadPoolExecutor(max_workers=width, thread_name_prefix=f"claim-{shard}") as pool:
-                pending: set[Future[list[list[ClaimResult] | None]]] = set()
-                for chunk in chunks():
-                    if len(pending) >= 2 * width:  # bounded: the due index may hold many pages
-                        done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                        for future in done:
-                            for outcomes in future.result():
-                                add(outcomes)
-                    pending.add(pool.submit(claim_chunk, chunk))
-                for future in pending:
-                    for outcomes in future.result():
-                        add(outcomes)
-    finally:
-        deps.store.release_shard_lease(shard, owner=me, now=deps.clock.now())
     return result

@@ -10,6 +10,7 @@ observes it.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -66,6 +67,17 @@ def reset_clients() -> None:
     """Forget cached clients (tests that start a fresh moto mock call this)."""
     with _lock:
         _clients.clear()
+
+
+def _forget_in_child() -> None:
+    """After ``fork``: the child creates its own clients (a parent's connection pool is not the child's to
+    use) and its own lock (another thread of the parent may have held it at the fork)."""
+    global _lock
+    _lock = threading.Lock()
+    _clients.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def unreachable(exc: BaseException) -> bool:

@@ -49,6 +49,9 @@ from duetime.adapters.aws.resources import (
     WATCH_INDEX,
     WATCH_INDEX_PK,
     WATCH_INDEX_SK,
+    due_key,
+    due_keys,
+    shard_of_due_key,
     watch_key,
     watch_keys,
 )
@@ -166,11 +169,20 @@ def _decode_json_fields(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def job_to_item(job: Job) -> dict[str, Any]:
-    return _encode_json_fields(job.model_dump(mode="python"))
+    """The jobs-table item of ``job``: its ``shard`` attribute holds the job's due key
+    (:func:`~duetime.adapters.aws.resources.due_key`), the due index's partition key."""
+    data = _encode_json_fields(job.model_dump(mode="python"))
+    data[DUE_INDEX_PK] = due_key(job.shard, job.job_id)
+    return data
 
 
 def job_from_item(item: Mapping[str, Any]) -> Job:
+    """The job of a jobs-table item: its shard read off the stored due key, or off a row written before the
+    spread, whose ``shard`` attribute is the shard itself
+    (:func:`~duetime.adapters.aws.resources.shard_of_due_key`)."""
     data = _decode_json_fields(dict(item))
+    if isinstance(data.get(DUE_INDEX_PK), int | Decimal):
+        data[DUE_INDEX_PK] = shard_of_due_key(int(data[DUE_INDEX_PK]))
     data.setdefault("next_fire_at", None)
     data.setdefault("schedule", None)
     return Job.from_stored(data)
@@ -700,14 +712,36 @@ class DynamoStore:
             kwargs, limit, page_token, run_from_item, keys=(RUNS_PK, RUNS_SK), scope={RUNS_PK: job_id}
         )
 
-    def query_due(self, shard: int, until: datetime, *, page_size: int = 500) -> Iterator[Job]:
-        """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (due GSI; eventually consistent)."""
+    def query_due(
+        self, shard: int, until: datetime, *, part: int = 0, parts: int = 1, page_size: int = 500
+    ) -> Iterator[Job]:
+        """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (due GSI; eventually consistent):
+        the shard's due keys (:func:`~duetime.adapters.aws.resources.due_keys`) queried page by page and
+        merged by due time, and the legacy key (the shard's own number: rows written before the spread).
+
+        ``part`` of ``parts``: only the keys whose position ``i`` has ``i % parts == part``, the legacy key
+        with part 0 (so with ``parts`` above the key count, the parts past it are empty).
+
+        Raises:
+            ValueError: ``part`` is not in ``range(parts)``.
+        """
+        if not 0 <= part < parts:
+            raise ValueError(f"part {part} is not one of {parts} parts")
+        keys = [key for i, key in enumerate(due_keys(shard)) if i % parts == part]
+        if part == 0:
+            keys.append(shard)
+        yield from heapq.merge(
+            *(self._query_due_key(key, until, page_size) for key in keys),
+            key=lambda job: job.next_fire_at or until,
+        )
+
+    def _query_due_key(self, key: int, until: datetime, page_size: int) -> Iterator[Job]:
         kwargs: dict[str, Any] = {
             "TableName": self.jobs_table,
             "IndexName": DUE_INDEX,
-            "KeyConditionExpression": "#pk = :shard AND #sk <= :until",
+            "KeyConditionExpression": "#pk = :key AND #sk <= :until",
             "ExpressionAttributeNames": {"#pk": DUE_INDEX_PK, "#sk": DUE_INDEX_SK},
-            "ExpressionAttributeValues": serialize({":shard": shard, ":until": until}),
+            "ExpressionAttributeValues": serialize({":key": key, ":until": until}),
             "Limit": page_size,
         }
         while True:
@@ -719,11 +753,20 @@ class DynamoStore:
             kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
 
     def advance(
-        self, job_id: str, *, claimed: datetime, next_fire_at: datetime | None, now: datetime, missed: int = 0
+        self,
+        job_id: str,
+        *,
+        claimed: datetime,
+        next_fire_at: datetime | None,
+        now: datetime,
+        missed: int = 0,
+        shard: int | None = None,
     ) -> None:
         """Move the job's ``next_fire_at`` from ``claimed`` to ``next_fire_at`` (claim step 2).
 
-        ``next_fire_at=None`` removes it (the job leaves the due index) and marks the job COMPLETED.
+        ``next_fire_at=None`` removes it (the job leaves the due index) and marks the job COMPLETED. With the
+        job's ``shard``, its due key is written too (the index entry moves anyway, at no extra write unit), so
+        a row written before the key spread moves to its own key at its first claim.
 
         Raises:
             StaleClaimError: if ``next_fire_at`` is no longer ``claimed`` (another tick advanced it).
@@ -737,6 +780,8 @@ class DynamoStore:
             upd.sets["state"] = "COMPLETED"
         else:
             upd.sets["next_fire_at"] = next_fire_at
+            if shard is not None:
+                upd.sets[DUE_INDEX_PK] = due_key(shard, job_id)
         try:
             self._ddb.update_item(TableName=self.jobs_table, Key=serialize({"job_id": job_id}), **upd.build())
         except ClientError as exc:
@@ -756,7 +801,12 @@ class DynamoStore:
         def one(a: JobAdvance) -> bool:
             try:
                 self.advance(
-                    a.job_id, claimed=a.claimed, next_fire_at=a.next_fire_at, now=now, missed=a.missed
+                    a.job_id,
+                    claimed=a.claimed,
+                    next_fire_at=a.next_fire_at,
+                    now=now,
+                    missed=a.missed,
+                    shard=a.shard,
                 )
             except StaleClaimError:
                 return False

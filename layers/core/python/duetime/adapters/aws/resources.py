@@ -8,6 +8,7 @@ locally they are ``<prefix>-<logical>``.
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from typing import Any
 
@@ -19,10 +20,50 @@ from duetime.domain.ports import QUEUE_MAX_RECEIVE_COUNT, QUEUE_VISIBILITY_SECON
 
 # --- jobs table -------------------------------------------------------------------------------------------
 JOBS_PK = "job_id"
-#: due GSI: (shard, next_fire_at); sparse, holds only jobs with a future fire (DESIGN.md section 3).
+#: due GSI: (shard, next_fire_at); sparse, holds only jobs with a future fire (DESIGN.md section 3). The
+#: item's ``shard`` attribute holds the job's due key (:func:`due_key`), not the shard itself.
 DUE_INDEX = "due"
 DUE_INDEX_PK = "shard"
 DUE_INDEX_SK = "next_fire_at"
+#: due-index key values per shard: a job's key is ``DUE_KEY_BASE + shard * DUE_KEYS_PER_SHARD + part``, its
+#: part a stable hash of its id (:func:`due_part`), so one shard's claims, whose every advance moves the
+#: job's index entry (2 write units), spread over this many index partitions (each key value takes at most
+#: 1,000 write units/s: "Best practices for designing and using partition keys", Amazon DynamoDB Developer
+#: Guide): at most 500 claims/s per key, ``500 * DUE_KEYS_PER_SHARD`` per shard. A tick queries each key
+#: (:func:`due_keys`) and merges them by due time.
+DUE_KEYS_PER_SHARD = 4
+#: The first due key: above every shard number (at most 1,023: ``Settings.shard_count``'s bound), so a row
+#: written before the spread, whose ``shard`` attribute is its shard, is never under another shard's key; a
+#: tick still queries that legacy key (its shard's number) and the row's next write moves it to its own key.
+DUE_KEY_BASE = 10_000
+
+
+def due_part(job_id: str) -> int:
+    """Which of its shard's due keys job ``job_id`` sits under, ``0 <= part < DUE_KEYS_PER_SHARD``: fixed
+    for the job's life. BLAKE2b of the id, not the CRC-32 that picks the shard (``services.jobs.shard_of``):
+    with a shard count divisible by the key count, CRC-32 mod the key count would be the same for every job
+    of a shard, and Python's ``hash()`` differs between processes."""
+    digest = hashlib.blake2b(job_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % DUE_KEYS_PER_SHARD
+
+
+def due_key(shard: int, job_id: str) -> int:
+    """The due-index key of job ``job_id`` of ``shard`` (the value its ``shard`` attribute holds)."""
+    return DUE_KEY_BASE + shard * DUE_KEYS_PER_SHARD + due_part(job_id)
+
+
+def due_keys(shard: int) -> range:
+    """Every due-index key value of ``shard`` (:func:`due_key`), in part order; not the legacy key."""
+    first = DUE_KEY_BASE + shard * DUE_KEYS_PER_SHARD
+    return range(first, first + DUE_KEYS_PER_SHARD)
+
+
+def shard_of_due_key(value: int) -> int:
+    """The shard a stored ``shard`` attribute names: a due key's (:func:`due_key`), or the value itself on
+    a row written before the spread (below :data:`DUE_KEY_BASE`)."""
+    return value if value < DUE_KEY_BASE else (value - DUE_KEY_BASE) // DUE_KEYS_PER_SHARD
+
+
 #: per-tenant listing of jobs: (tenant, created_at).
 JOBS_BY_TENANT_INDEX = "by_tenant"
 TENANT_KEY = "tenant"

@@ -121,6 +121,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _part_of(job_id: str, parts: int) -> int:
+    """Which of ``parts`` parts of a tick job ``job_id`` is in (:meth:`SqliteStore.query_due`)."""
+    return int.from_bytes(hashlib.blake2b(job_id.encode(), digest_size=8).digest(), "big") % parts
+
+
 def _iso(value: datetime | None) -> str | None:
     return to_iso(value) if value is not None else None
 
@@ -433,8 +438,22 @@ class SqliteStore:
             token = self._encode_token("jobs", tenant, [str(last[1]), str(last[2])])
         return docs, token
 
-    def query_due(self, shard: int, until: datetime) -> Iterator[Job]:
-        """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (then by job id)."""
+    def query_due(self, shard: int, until: datetime, *, part: int = 0, parts: int = 1) -> Iterator[Job]:
+        """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (then by job id).
+
+        ``part`` of ``parts``: the jobs whose id hashes (BLAKE2b, stable across processes) to ``part`` mod
+        ``parts`` (one file has no partitions to spread; the parts only split a tick's work).
+
+        Raises:
+            ValueError: ``part`` is not in ``range(parts)``.
+        """
+        if not 0 <= part < parts:
+            raise ValueError(f"part {part} is not one of {parts} parts")
+        for job in self._query_due(shard, until):
+            if parts == 1 or _part_of(job.job_id, parts) == part:
+                yield job
+
+    def _query_due(self, shard: int, until: datetime) -> Iterator[Job]:
         last: tuple[str, str] | None = None
         while True:
             sql = (

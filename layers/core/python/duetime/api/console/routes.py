@@ -7,7 +7,8 @@ actions are POST forms with a CSRF token (a POST without it is a 403 page and ch
 a confirmation page, answering 303 to the page that shows the result. Errors the API would answer as JSON
 are pages with the same status and message: 400 (naming the field), 404, 409. A query parameter a page does
 not take (``/console/jobs?name_prefix=a``: its filter is ``name``) is a 400 page naming it, as the API's
-routes answer one (:func:`duetime.api.resolver.reject_unknown_query`), never silently ignored.
+routes answer one (:func:`duetime.api.resolver.reject_unknown_query`), never silently ignored (every page
+below but ``/console`` itself, the static assets and the shell, whose OIDC callback brings its own).
 
 Routes (GET unless marked):
     /console, /console/            -> 303 to /console/jobs

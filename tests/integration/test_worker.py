@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -181,6 +184,44 @@ def test_a_backoff_beyond_the_sqs_delay_limit_is_released_by_the_sweeper_on_time
     assert sweep(run.shard, deps).retries_released == 1
     assert worker.poll_once(wait_seconds=1) == 1
     assert deps.store.list_runs(job_id)[0].attempt == 2
+
+
+def _gone(pid: int, *, within: float) -> bool:
+    """Whether process ``pid`` no longer exists, waiting up to ``within`` seconds (an orphan killed is
+    reparented to init, which reaps it)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def test_what_a_task_left_running_in_its_process_group_is_killed_when_it_exits(
+    deps: Deps, tmp_path: Path
+) -> None:
+    # Given a task that starts a background sleep (its pid written to a file) and exits at once, well
+    # within its timeout
+    pid_file = tmp_path / "background.pid"
+    job_id = _submit(deps, ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; echo bye"], timeout_seconds=10)
+    # When a worker runs it
+    started = time.monotonic()
+    assert Worker(deps, "small", owner="w1").poll_once() == 1
+    # Then the run succeeded, without waiting for the sleep or the timeout
+    assert time.monotonic() - started < 10
+    [run] = deps.store.list_runs(job_id)
+    assert (run.state, run.exit_code) == (RunState.SUCCEEDED, 0)
+    assert jobs.get_run_log(run.run_id, tenant="t1", deps=deps) == "bye\n"
+    # And the sleep it left in its process group is gone (SIGKILLed as the task's main process exited)
+    background = int(pid_file.read_text())
+    try:
+        assert _gone(background, within=5)
+    finally:
+        if not _gone(background, within=0):
+            os.kill(background, 9)
 
 
 def test_a_task_past_its_timeout_is_killed_and_timed_out(deps: Deps) -> None:

@@ -3,9 +3,15 @@
 Two backends, the same services and handlers behind the ports:
 - ``sqlite`` (the default): the embedded adapter set, state in ``.duetime/`` (``--state-dir``): jobs, runs,
   queues and idempotency records in ``duetime.sqlite``, logs under ``logs/``. Stopping and starting again
-  keeps everything; a lock file keeps a second stack off the same directory.
+  keeps everything.
 - ``moto``: the AWS adapters against moto's server on loopback (state in its memory: gone at exit), for the
   AWS adapters' end-to-end and fault tests.
+
+Whatever the backend, a stack holds its state directory (``--state-dir``, default ``.duetime/``: its
+``local.json``, the workers' task markers and, on sqlite, the database) through one lock file,
+``<state dir>/lock`` (:meth:`LocalStack._lock_state_dir`), taken before anything else starts: a second
+stack on the same directory, of either backend, is refused naming the holder's pid
+(:class:`StateDirInUseError`), and a stack deletes ``local.json`` at exit only if it is the one it wrote.
 
 Processes and threads:
 - moto's server (``--backend moto`` only: a child process, DynamoDB serialised, see
@@ -29,6 +35,7 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -104,6 +111,7 @@ class LocalOptions:
     keep_last_runs: int = 20
     prefix: str = "duetime"
     verbose: bool = False
+    #: ``local.json``: in ``state_dir`` (the CLI's ``--state-dir``), whose lock keeps other stacks off it
     state_file: Path = STATE_FILE
     demo_file: Path | None = None
     #: per-tenant quotas (None: the Settings defaults)
@@ -155,6 +163,8 @@ class LocalStack:
     _api_procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _lambda: Any = None
     _lock_fd: int | None = None
+    #: this stack's mark in the ``local.json`` it wrote: at exit it deletes only a file bearing it
+    _stack_id: str = field(default_factory=lambda: secrets.token_hex(16))
     _signals: list[int] = field(default_factory=list)
     _names: Any = None
     _queue_urls: dict[str, str] = field(default_factory=dict)
@@ -162,9 +172,11 @@ class LocalStack:
     # ---- start ---------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start every part; raises StateDirInUseError or StateFileError (both naming the file) when the
-        embedded backend's state cannot be used."""
+        state directory cannot be used (another stack of either backend holds it, it cannot be made) or the
+        embedded backend's database cannot be."""
         opts = self.options
         self.catch_stop_signals()
+        self._lock_state_dir(opts.state_dir.resolve())  # before anything is started or written
         os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "INFO" if opts.verbose else "WARNING")
         os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "false" if opts.verbose else "true")
         warnings.filterwarnings("ignore", message="No application metrics to publish")
@@ -249,9 +261,8 @@ class LocalStack:
         }
 
     def _embedded_settings(self) -> Settings:
-        """Lock the state directory (reset it when asked) and point the settings at it."""
+        """Reset the (locked) state directory when asked and point the settings at it."""
         state_dir = self.options.state_dir.resolve()
-        self._lock_state_dir(state_dir)
         if self.options.reset:
             from duetime.config.deps import DATABASE_FILE, LOGS_DIR
 
@@ -270,7 +281,9 @@ class LocalStack:
         )
 
     def _lock_state_dir(self, state_dir: Path) -> None:
-        """Hold ``state_dir/lock`` (flock) for the life of this process; it records our pid.
+        """Hold ``state_dir/lock`` (flock) for the life of this stack, whatever its backend; it records our
+        pid. The descriptor is not inherited by the stack's children (``os.open``: close-on-exec), so the
+        lock ends with this process, SIGKILL included.
 
         Raises:
             StateDirInUseError: another process holds it (its pid is named).
@@ -479,6 +492,7 @@ class LocalStack:
             "api_url": self.api_url,
             "backend": self.options.backend,
             "pid": os.getpid(),
+            "stack_id": self._stack_id,
             "env": self.env,
         }
         if not self.aws_endpoint:
@@ -799,9 +813,9 @@ class LocalStack:
             except subprocess.TimeoutExpired:
                 self._moto.kill()
                 self._moto.wait()
-        with contextlib.suppress(OSError):
-            # only our own state file: it points at ports that are now closed
-            if json.loads(self.options.state_file.read_text()).get("pid") == os.getpid():
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            # only the state file this stack wrote (never another stack's): it points at ports now closed
+            if json.loads(self.options.state_file.read_text()).get("stack_id") == self._stack_id:
                 self.options.state_file.unlink()
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):

@@ -3,11 +3,13 @@ locally).
 
 Each run: pull a message from the tier's queue ([S0] pull, not push) -> start the run (PENDING -> RUNNING,
 new fencing token, recorded under the worker's session) and delete the message (the run row holds the run
-from then on) -> run the task's command in its own process group (its exit seen at once, through a pidfd),
-streaming new output to the log store as chunks (:class:`LiveLog`) -> enforce ``timeout_seconds`` (SIGTERM
-to the group, ``kill_grace_seconds``, SIGKILL) -> upload the whole stdout+stderr to S3 (nothing when the
-task printed nothing: the attempt records ``log_bytes`` 0) and delete the chunks -> finish under the
-fencing token.
+from then on) -> run the task's command in its own process group (its exit seen at once, through a pidfd;
+what it left running in its group SIGKILLed then, as the kernel ends a container's PID namespace with its
+main process: :func:`kill_leftovers`), streaming new output to the log store as chunks (:class:`LiveLog`)
+-> enforce ``timeout_seconds`` (SIGTERM to the group, ``kill_grace_seconds``, SIGKILL) -> upload the whole
+stdout+stderr to S3 (nothing when the task printed nothing: the attempt records ``log_bytes`` 0) and delete
+the chunks -> finish under the fencing token. Processes a task moved out of its group (``setsid``) are out
+of the worker's reach, at its exit and at its timeout alike.
 
 Leases: the worker holds every run it runs through one **worker session**
 (:class:`~duetime.services.sessions.WorkerSession`), renewed every ``heartbeat_seconds`` by the session
@@ -331,13 +333,16 @@ def task_env(run: Run, base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 class ExitWaiter:
-    """Waits for a child process to exit, woken the moment it does.
+    """Waits for a task's main process to exit, woken the moment it does, then ends what is left of its
+    process group (:func:`kill_leftovers`) before the exit code is returned, so before the worker records
+    the attempt's end.
 
     ``TaskProcess.wait(timeout)`` polls with sleeps that double up to 50 ms (as Popen's), so a task that
     takes 4 ms is seen to have ended at about 7.5 ms, and a burst of short tasks spends most of its slots'
     time asleep. On Linux (5.3+) this waits on the process's pidfd (``os.pidfd_open``) with ``select.poll``
-    instead; elsewhere it falls back to ``TaskProcess.wait``. The pidfd is closed once the exit was seen (or
-    when the object goes).
+    instead, and kills the leftovers while the exited process is still unreaped (a zombie holds its pid, so
+    the group id cannot have been reused); elsewhere it falls back to ``TaskProcess.wait`` and kills them
+    just after. The pidfd is closed once the exit was seen (or when the object goes).
     """
 
     def __init__(self, proc: TaskProcess) -> None:
@@ -357,11 +362,14 @@ class ExitWaiter:
             if not self._poller.poll(max(0, math.ceil(timeout * 1000))):
                 return None
             self.close()
+            kill_leftovers(self.proc.pid)  # the exited leader is a zombie until the wait below
             return self.proc.wait()
         try:
-            return self.proc.wait(timeout=timeout)
+            code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
+        kill_leftovers(self.proc.pid)
+        return code
 
     def close(self) -> None:
         """Close the pidfd (once; ``wait`` then falls back to ``TaskProcess.wait``)."""
@@ -372,6 +380,23 @@ class ExitWaiter:
 
     def __del__(self) -> None:
         self.close()
+
+
+def kill_leftovers(pgid: int) -> None:
+    """SIGKILL every process left in the process group ``pgid`` of a task whose main process exited (the
+    task's session and group leader: pgid == its pid, :mod:`duetime.services.task_process`).
+
+    A task ends when its main process exits, as a container does: a container's main process is PID 1 of
+    its own PID namespace (Kubernetes, "Share Process Namespace between Containers in a Pod": without
+    ``shareProcessNamespace`` each container has its own), and when that process terminates "the kernel
+    terminates all of the processes in the namespace via a SIGKILL signal" (pid_namespaces(7),
+    https://man7.org/linux/man-pages/man7/pid_namespaces.7.html). A worker has no namespace of its own per
+    task, so the task's process group stands in for it: without this, a task's ``cmd &`` (reparented to
+    init) would outlive its run, its timeout, the worker and the stack. Out of reach: processes that left
+    the group (``setsid``, ``setpgid``: a daemonizing program, a shell with job control ``set -m``), which a
+    process group cannot follow. A group already empty is no error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def kill_group(proc: TaskProcess, grace_seconds: float) -> None:

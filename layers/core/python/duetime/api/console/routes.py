@@ -5,10 +5,13 @@ same tenant (``Tenant``: the authorizer's identity; locally the bearer token's t
 ids are a 404 page exactly where the API answers 404. Pages are HTML (:mod:`duetime.api.console.render`);
 actions are POST forms with a CSRF token (a POST without it is a 403 page and changes nothing), each behind
 a confirmation page, answering 303 to the page that shows the result. Errors the API would answer as JSON
-are pages with the same status and message: 400 (naming the field), 404, 409.
+are pages with the same status and message: 400 (naming the field), 404, 409. A query parameter a page does
+not take (``/console/jobs?name_prefix=a``: its filter is ``name``) is a 400 page naming it, as the API's
+routes answer one (:func:`duetime.api.resolver.reject_unknown_query`), never silently ignored (every page
+below but ``/console`` itself, the static assets and the shell, whose OIDC callback brings its own).
 
 Routes (GET unless marked):
-    /console                       -> 303 to /console/jobs
+    /console, /console/            -> 303 to /console/jobs
     /console/jobs                  jobs: ?state=ACTIVE|PAUSED|COMPLETED|DELETED, ?name= (prefix), ?next_token=
     /console/jobs/{id}             a job: schedule in words, next 10 fires, slots, runs, actions
     /console/jobs/{id}/edit        the job as JSON; POST: a JSON Merge Patch, the API's 400 at the field
@@ -32,6 +35,7 @@ the API's ``Authorization: Bearer``. On AWS the static shell sends the JWT in th
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -39,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from functools import wraps
 from typing import Any, ParamSpec
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
@@ -161,6 +165,26 @@ def html_errors(func: Callable[P, Response[str]]) -> Callable[P, Response[str]]:
     return wrapper
 
 
+def takes_query(*names: str) -> Callable[[Callable[P, Response[str]]], Callable[P, Response[str]]]:
+    """A page handler that takes only the query parameters ``names``: any other (empty ones included) is the
+    400 page naming it and listing those the page takes, as the API's routes answer
+    (:func:`duetime.api.resolver.reject_unknown_query`), instead of a page that silently ignores it."""
+
+    def decorate(func: Callable[P, Response[str]]) -> Callable[P, Response[str]]:
+        @wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response[str]:
+            unknown = sorted(set(router.current_event.query_string_parameters or {}) - set(names))
+            if unknown:
+                path, allowed = router.current_event.path, ", ".join(sorted(names)) or "none"
+                message = f"{unknown[0]}: unknown query parameter of {path} (it takes: {allowed})"
+                return error_page(400, "validation_error", message, unknown[0])
+            return func(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
 def checked_post(func: Callable[P, Response[str]]) -> Callable[P, Response[str]]:
     """A POST handler that runs only when its form carries the CSRF token of its cookie (else a 403 page)."""
 
@@ -197,11 +221,13 @@ def job_row(job: JobSummary, deps: Deps, now: datetime) -> dict[str, Any]:
 
 
 @router.get("/console", include_in_schema=False)
+@router.get("/console/", include_in_schema=False)
 def console_home() -> Response[str]:
     return Response(status_code=303, body="", headers={**r.SECURITY_HEADERS, "Location": "/console/jobs"})
 
 
 @router.get("/console/sign-in", include_in_schema=False)
+@takes_query("failed", "next")
 def sign_in_page() -> Response[str]:
     """The sign-in form of a stack with tenants: the tenant's token, kept in :data:`render.SESSION_COOKIE`.
     ``?failed=1``: the stack's authorizer refused the token the cookie held (a 401 page); ``?next=``: the
@@ -242,11 +268,26 @@ def sign_out() -> Response[str]:
 
 
 def _next_page(value: str | None) -> str:
-    """``value`` if it is a console page of this origin (never another site: no ``//``, no scheme), else the
-    jobs page."""
-    if value and value.startswith("/console/") and "//" not in value and "\\" not in value:
-        return value
-    return "/console/jobs"
+    """Where a sign-in goes on to: ``value`` if it is a console page of this origin, else the jobs page.
+
+    ``value`` is percent-decoded, then its dot segments are resolved (:func:`posixpath.normpath`, as RFC 3986
+    section 5.2.4 removes them); what comes out must still be under ``/console/``. Refused (the jobs page):
+    a scheme or a host (``https://evil.example``, ``//evil.example``), a backslash or an empty segment
+    (``//``) anywhere once decoded (browsers read ``/\\evil.example`` as another host), a character that is
+    not printable, and a path that leaves the console (``/console/../jobs``, ``/console/%2e%2e/jobs``). The
+    answer is the normalized path (percent-encoded again) and ``value``'s query, if any."""
+    fallback = "/console/jobs"
+    if not value or not value.isprintable() or "\\" in value:
+        return fallback
+    parts = urlsplit(value)
+    path = unquote(parts.path)
+    if parts.scheme or parts.netloc or "\\" in path or "//" in path or not path.isprintable():
+        return fallback
+    normal = posixpath.normpath(path)
+    if not normal.startswith("/console/"):
+        return fallback
+    query = quote(parts.query, safe="=&%+")
+    return quote(normal) + (f"?{query}" if query else "")
 
 
 def _https() -> bool:
@@ -294,6 +335,7 @@ def static(name: str) -> Response[str]:
 
 @router.get("/console/jobs", include_in_schema=False)
 @html_errors
+@takes_query("state", "name", "next_token")
 def jobs_page(deps: ServiceDeps, tenant: Tenant) -> Response[str]:
     """The jobs list: a page of :data:`PAGE_SIZE` jobs (never the whole listing), newest first.
 
@@ -344,6 +386,7 @@ def jobs_page(deps: ServiceDeps, tenant: Tenant) -> Response[str]:
 
 @router.get("/console/jobs/<job_id>", include_in_schema=False)
 @html_errors
+@takes_query("runs_token", "done")
 def job_page(job_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
     """One job: its schedule in words, its next 10 fires (with DST notes), its slots, and a page of its runs
     from its whole history (the hot store and the archive, as ``GET /jobs/{id}/runs``; ``?runs_token=``)."""
@@ -396,6 +439,7 @@ def _editable(job: Job) -> str:
 
 @router.get("/console/jobs/<job_id>/edit", include_in_schema=False)
 @html_errors
+@takes_query()
 def edit_page(job_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
     """The job's fields as JSON, to change and send as a PATCH (JSON Merge Patch)."""
     job = jobs.get_job(job_id, tenant=tenant, deps=deps)
@@ -429,6 +473,7 @@ def edit_job(job_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
 
 @router.get("/console/jobs/<job_id>/<action>", include_in_schema=False)
 @html_errors
+@takes_query()
 def confirm_job_action(job_id: str, action: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
     """A confirmation of ``action`` (pause, resume, trigger, delete): a POST form with the CSRF token."""
     if action not in JOB_ACTIONS:
@@ -506,6 +551,7 @@ def _log_view(run: Run, attempt: int | None, deps: Deps, tenant: str) -> dict[st
 
 @router.get("/console/runs/<run_id>", include_in_schema=False)
 @html_errors
+@takes_query("attempt", "done")
 def run_page(run_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
     """One run: its attempts (exit codes, reasons, fencing tokens), events, and the log of one attempt."""
     run = jobs.get_run(run_id, tenant=tenant, deps=deps)
@@ -546,6 +592,7 @@ def _attempt_param() -> int | None:
 
 @router.get("/console/runs/<run_id>/log", include_in_schema=False)
 @html_errors
+@takes_query("attempt")
 def run_log(run_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
     """The log viewer alone: what htmx swaps in every 2 s while the attempt shown is RUNNING. The poll that
     finds it no longer RUNNING (the last one) also carries the run page's other parts that its end changed
@@ -559,6 +606,7 @@ def run_log(run_id: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
 
 @router.get("/console/runs/<run_id>/<action>", include_in_schema=False)
 @html_errors
+@takes_query()
 def confirm_run_action(run_id: str, action: str, deps: ServiceDeps, tenant: Tenant) -> Response[str]:
     """A confirmation of ``action`` (cancel, re-drive) on a run: a POST form with the CSRF token."""
     if action not in RUN_ACTIONS:
@@ -590,6 +638,7 @@ def run_action(run_id: str, action: str, deps: ServiceDeps, tenant: Tenant) -> R
 
 @router.get("/console/dead-letters", include_in_schema=False)
 @html_errors
+@takes_query("next_token")
 def dead_letters_page(deps: ServiceDeps, tenant: Tenant) -> Response[str]:
     """Dead-lettered runs, most recently dead-lettered first, a page at a time, each with re-drive."""
     query = _query()
@@ -608,6 +657,7 @@ def dead_letters_page(deps: ServiceDeps, tenant: Tenant) -> Response[str]:
 
 @router.get("/console/lag", include_in_schema=False)
 @html_errors
+@takes_query()
 def lag_page(deps: ServiceDeps, tenant: Tenant) -> Response[str]:
     """The tenant's last hour per minute: p50/p99 schedule lag, runs started and failed, as a chart and a
     table (from the runs: :func:`duetime.services.lag.tenant_lag`)."""

@@ -422,6 +422,26 @@ def test_schedule_preview_of_an_impossible_expression_is_a_400_saying_why(api: M
     assert "never" in body["error"]["message"]
 
 
+def test_a_superscript_digit_in_a_schedule_is_a_400_not_a_500(api: ModuleType) -> None:
+    # Given a submit, a preview and a patch each with `²` (int() raises on it) in the expression
+    created = {**HELLO, "schedule": {"expression": "² * * * *", "timezone": "UTC"}}
+    status, body, _ = call(api, "POST", "/jobs", created)
+    assert status == 400, body
+    assert body["error"]["field"] == "schedule.expression"
+    assert "'²' (U+00B2) in `² * * * *` is not an ASCII digit" in body["error"]["message"]
+    status, body, _ = call(api, "GET", "/schedules/preview", query={"expression": "² * * * *"})
+    assert status == 400 and body["error"]["field"] == "expression", body
+    assert "is not an ASCII digit" in body["error"]["message"]
+    _, job, _ = call(api, "POST", "/jobs", HELLO)
+    patch = {"schedule": {"expression": "0 ² * * *"}}
+    status, body, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", patch)
+    assert status == 400 and body["error"]["field"] == "schedule.expression", body
+    assert "is not an ASCII digit" in body["error"]["message"]
+    # And the job keeps its schedule
+    _, got, _ = call(api, "GET", f"/jobs/{job['job_id']}")
+    assert got["schedule"]["expression"] == "rate(1 minute)"
+
+
 @pytest.mark.parametrize(
     ("query", "parameter", "saying"),
     [

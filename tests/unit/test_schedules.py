@@ -982,3 +982,44 @@ def test_a_step_longer_than_its_field_is_described_as_the_one_value_it_fires_at(
     fires = [schedule.next_after(utc(2025, 12, 31, 23, 59, 59))]
     fires.append(schedule.next_after(fires[0]))
     assert [f.isoformat() for f in fires] == first_fires
+
+
+# --------------------------------------------------------------------------------------------------
+# Numbers are ASCII digits
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expression", "character"),
+    [
+        ("² * * * *", "'²' (U+00B2)"),
+        ("0 ² * * *", "'²' (U+00B2)"),
+        ("cron(0 0 ² * ? *)", "'²' (U+00B2)"),
+        ("rate(² minutes)", "'²' (U+00B2)"),
+        ("*/² * * * *", "'²' (U+00B2)"),
+        ("1-² * * * *", "'²' (U+00B2)"),
+        ("٠ * * * *", "'٠' (U+0660)"),
+        ("１ * * * *", "'１' (U+FF11)"),
+        ("rate(１０ minutes)", "'１' (U+FF11)"),
+        ("at(２０２７-01-01T00:00:00)", "'２' (U+FF12)"),
+        ("0 0 L-٣ * *", "'٣' (U+0663)"),
+        ("0 0 ٣W * *", "'٣' (U+0663)"),
+        ("0 0 * * 1#٢", "'٢' (U+0662)"),
+    ],
+)
+def test_a_digit_that_is_not_ascii_is_refused_naming_it(expression: str, character: str) -> None:
+    # Given an expression with a superscript, Arabic-Indic or fullwidth digit (int() reads most of them)
+    # When it is parsed for a submit
+    with pytest.raises(ScheduleError) as err:
+        parse_schedule(expression, anchor=utc(2026, 1, 1))
+    # Then it is refused on the expression, naming the character
+    assert err.value.field == "schedule.expression"
+    assert err.value.message == f"{character} in `{expression}` is not an ASCII digit: write numbers with 0-9"
+
+
+def test_a_stored_expression_with_a_decimal_digit_of_another_script_still_fires() -> None:
+    # Given a job stored before the rule, with minute `٥` (Arabic-Indic 5)
+    schedule = parse_schedule("٥ * * * *", stored=True)
+    # Then it reads, keeps its expression, and fires at minute 5 as it did
+    assert schedule.expression == "٥ * * * *"
+    assert schedule.preview(utc(2026, 1, 1), 2) == [utc(2026, 1, 1, 0, 5), utc(2026, 1, 1, 1, 5)]

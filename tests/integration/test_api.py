@@ -306,6 +306,32 @@ def test_an_out_of_range_run_id_is_a_404(api: ModuleType) -> None:
     assert call(api, "GET", "/runs/job-x.9999999999999999/logs")[0] == 404
 
 
+@pytest.mark.parametrize(
+    "spell",
+    [
+        lambda ms: "0" + ms,  # a leading zero
+        lambda ms: ms.translate(str.maketrans("0123456789", "０１２３４５６７８９")),  # fullwidth digits
+        lambda ms: ms.translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")),  # Arabic-Indic digits
+    ],
+    ids=["leading-zero", "fullwidth", "arabic-indic"],
+)
+def test_only_the_canonical_run_id_names_a_run(api: ModuleType, spell) -> None:
+    # Given a job whose submit claimed a run
+    _, job, _ = call(api, "POST", "/jobs", HELLO)
+    _, runs, _ = call(api, "GET", f"/jobs/{job['job_id']}/runs")
+    run_id = runs["runs"][0]["run_id"]
+    ms = run_id.rpartition(".")[2]
+    # When the same due time is spelled another way int() reads as the same number
+    other = f"{job['job_id']}.{spell(ms)}"
+    # Then it names no run: reading it, its log or cancelling it is a 404
+    assert call(api, "GET", f"/runs/{other}")[0] == 404
+    assert call(api, "GET", f"/runs/{other}/logs")[0] == 404
+    assert call(api, "POST", f"/runs/{other}/cancel")[0] == 404
+    # And the run itself is untouched and still readable by its id
+    status, run, _ = call(api, "GET", f"/runs/{run_id}")
+    assert status == 200 and run["state"] == "PENDING"
+
+
 def test_a_json_body_sent_as_a_form_is_read_as_json(api: ModuleType) -> None:
     # curl -d sends application/x-www-form-urlencoded unless told otherwise
     from duetime.local.lambda_runtime import LocalLambdaContext

@@ -448,6 +448,16 @@ def test_schedule_preview_of_an_impossible_expression_is_a_400_saying_why(api: M
     assert "never" in body["error"]["message"]
 
 
+def test_schedule_preview_stops_at_the_end_of_2199(api: ModuleType) -> None:
+    # Given @daily previewed after the last midnight of the supported range
+    query = {"expression": "@daily", "after": "2199-12-30T00:00:00Z"}
+    # When the default five fire times are asked for
+    status, body, _ = call(api, "GET", "/schedules/preview", query=query)
+    # Then only 2199-12-31 comes: nothing in 2200
+    assert status == 200, body
+    assert body["fire_times"] == ["2199-12-31T00:00:00.000Z"]
+
+
 def test_a_superscript_digit_in_a_schedule_is_a_400_not_a_500(api: ModuleType) -> None:
     # Given a submit, a preview and a patch each with `²` (int() raises on it) in the expression
     created = {**HELLO, "schedule": {"expression": "² * * * *", "timezone": "UTC"}}

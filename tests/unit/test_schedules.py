@@ -1023,3 +1023,12 @@ def test_a_stored_expression_with_a_decimal_digit_of_another_script_still_fires(
     # Then it reads, keeps its expression, and fires at minute 5 as it did
     assert schedule.expression == "٥ * * * *"
     assert schedule.preview(utc(2026, 1, 1), 2) == [utc(2026, 1, 1, 0, 5), utc(2026, 1, 1, 1, 5)]
+
+
+def test_a_preview_stops_at_the_end_of_the_supported_range() -> None:
+    # Given @daily previewed from the last day of 2199 (UTC), the supported range's last year
+    schedule = parse_schedule("@daily")
+    # When five fire times are asked for
+    fires = schedule.preview(utc(2199, 12, 30, 12), 5)
+    # Then only the one left in 2199 comes, none in 2200
+    assert fires == [utc(2199, 12, 31)]

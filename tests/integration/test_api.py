@@ -522,6 +522,30 @@ def test_an_unknown_query_parameter_is_a_400_naming_it(
     )
 
 
+@pytest.mark.parametrize(
+    ("path", "pairs", "name", "times"),
+    [
+        ("/jobs", [("limit", "1"), ("limit", "2")], "limit", 2),
+        (
+            "/schedules/preview",
+            [("expression", "@daily"), ("count", "1"), ("count", "2"), ("count", "3")],
+            "count",
+            3,
+        ),
+        ("/schedules/preview", [("expression", "@daily"), ("expression", "@hourly")], "expression", 2),
+    ],
+)
+def test_a_query_parameter_given_twice_is_a_400_naming_it(
+    api: ModuleType, path: str, pairs: list[tuple[str, str]], name: str, times: int
+) -> None:
+    # Given a parameter that takes one value given more than once (API Gateway joins them with commas)
+    status, body, _ = call(api, "GET", path, query=pairs)
+    # Then the 400 names it and says how often it came
+    assert status == 400, body
+    assert body["error"]["field"] == name
+    assert body["error"]["message"] == f"{name}: given {times} times; give it once"
+
+
 def test_a_wrong_method_with_a_query_is_still_a_405(api: ModuleType) -> None:
     status, body, _ = call(api, "DELETE", "/dead-letters", query={"limit": "20"})
     assert status == 405 and body["error"]["code"] == "method_not_allowed", body

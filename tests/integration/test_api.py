@@ -448,6 +448,27 @@ def test_schedule_preview_of_an_impossible_expression_is_a_400_saying_why(api: M
     assert "never" in body["error"]["message"]
 
 
+def test_a_one_off_in_a_dst_gap_under_skip_is_a_400_saying_it_can_never_fire(api: ModuleType) -> None:
+    # Given an at() at 02:30 on New York's 2027 spring-forward day, with dst_policy skip
+    schedule = {"expression": "at(2027-03-14T02:30:00)", "timezone": "America/New_York", "dst_policy": "skip"}
+    # When it is submitted, or previewed
+    status, body, _ = call(api, "POST", "/jobs", {**HELLO, "schedule": schedule})
+    # Then it is refused on the expression as never firing, saying why
+    assert status == 400, body
+    assert body["error"]["field"] == "schedule.expression"
+    assert "is in a DST gap" in body["error"]["message"] and "can never fire" in body["error"]["message"]
+    assert call(api, "GET", "/jobs")[1]["jobs"] == []
+    query = {"expression": schedule["expression"], "timezone": "America/New_York", "dst_policy": "skip"}
+    status, body, _ = call(api, "GET", "/schedules/preview", query=query)
+    assert status == 400 and body["error"]["field"] == "expression", body
+    assert "is in a DST gap" in body["error"]["message"]
+    # And a one-off accepted under shift cannot be switched to skip
+    _, job, _ = call(api, "POST", "/jobs", {**HELLO, "schedule": {**schedule, "dst_policy": "shift"}})
+    assert job["next_fire_at"] == "2027-03-14T07:00:00.000Z"
+    status, body, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", {"schedule": {"dst_policy": "skip"}})
+    assert status == 400 and body["error"]["field"] == "schedule.expression", body
+
+
 def test_schedule_preview_stops_at_the_end_of_2199(api: ModuleType) -> None:
     # Given @daily previewed after the last midnight of the supported range
     query = {"expression": "@daily", "after": "2199-12-30T00:00:00Z"}

@@ -94,9 +94,33 @@ def test_at_in_the_repeated_hour_fires_at_the_first_occurrence() -> None:
     assert schedule.next_after(utc(2026, 1, 1)) == iso("2026-11-01T01:30:00-04:00")
 
 
-def test_at_gap_rule_holds_under_skip_policy_too() -> None:
-    schedule = parse_schedule("at(2026-03-08T02:30:00)", "America/New_York", dst_policy="skip")
-    assert schedule.next_after(utc(2026, 1, 1)) == iso("2026-03-08T03:00:00-04:00")
+def test_at_in_a_gap_under_skip_can_never_fire_and_is_refused() -> None:
+    # Given a one-off at 02:30 on New York's spring-forward day, with skip (a fire in a gap is dropped)
+    with pytest.raises(ScheduleError) as err:
+        parse_schedule("at(2027-03-14T02:30:00)", "America/New_York", dst_policy="skip")
+    # Then it is refused as never firing, saying the time is in a DST gap
+    assert err.value.field == "schedule.expression"
+    assert err.value.message == (
+        "`at(2027-03-14T02:30:00)` is in a DST gap: 02:30:00 does not occur on 2027-03-14 in America/New_York"
+        " (clocks jump to 03:00:00), and dst_policy skip drops a fire in a gap:"
+        " `at(2027-03-14T02:30:00)` can never fire"
+    )
+
+
+def test_at_in_a_gap_under_shift_fires_when_the_gap_ends() -> None:
+    schedule = parse_schedule("at(2027-03-14T02:30:00)", "America/New_York", dst_policy="shift")
+    assert schedule.next_after(utc(2026, 1, 1)) == iso("2027-03-14T03:00:00-04:00")
+
+
+def test_at_outside_a_gap_under_skip_fires_at_its_time() -> None:
+    schedule = parse_schedule("at(2027-03-14T03:30:00)", "America/New_York", dst_policy="skip")
+    assert schedule.next_after(utc(2026, 1, 1)) == iso("2027-03-14T03:30:00-04:00")
+
+
+def test_a_stored_at_in_a_gap_under_skip_still_fires_after_the_gap() -> None:
+    # Given such a one-off stored before the rule: it keeps the fire it was accepted with
+    schedule = parse_schedule("at(2027-03-14T02:30:00)", "America/New_York", dst_policy="skip", stored=True)
+    assert schedule.next_after(utc(2026, 1, 1)) == iso("2027-03-14T03:00:00-04:00")
 
 
 @pytest.mark.parametrize(

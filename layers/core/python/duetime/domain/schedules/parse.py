@@ -5,8 +5,9 @@ case-insensitive):
 
 * ``at(yyyy-mm-ddThh:mm:ss)`` -- one wall-clock instant in the schedule's time zone (EventBridge
   Scheduler's one-time form). A local time that does not exist (spring-forward gap) fires at the first
-  instant after the gap; a local time that occurs twice (fall-back) fires at its first occurrence. This
-  holds under both DST policies: a one-time job is never silently dropped.
+  instant after the gap under ``dst_policy`` ``shift``; under ``skip`` such a one-off could never fire and
+  is refused (a :class:`ScheduleError` saying it is in a DST gap). A local time that occurs twice
+  (fall-back) fires at its first occurrence. A one-time job is never silently dropped.
 * ``rate(N unit)`` with ``unit`` one of ``minute(s)``, ``hour(s)``, ``day(s)`` (EventBridge's units) and
   also ``second(s)`` (a Duetime extension); ``N >= 1`` and the period at least
   :data:`MIN_RATE_SECONDS` (10 s): every fire is a run, and a tick or a submit claims every fire in its
@@ -115,7 +116,9 @@ _RATE_UNITS = {
 }
 
 
-def _parse_at(expression: str, zone: ZoneInfo, zone_name: str, *, stored: bool = False) -> _AtRule:
+def _parse_at(
+    expression: str, zone: ZoneInfo, zone_name: str, dst_policy: DstPolicy, *, stored: bool = False
+) -> _AtRule:
     m = _AT_RE.match(expression)
     if m is None:
         raise ScheduleError(
@@ -128,9 +131,17 @@ def _parse_at(expression: str, zone: ZoneInfo, zone_name: str, *, stored: bool =
     except ValueError as exc:
         raise ScheduleError(f"`{expression}` is not a real date and time: {exc}") from exc
     try:
-        fire, _exists = _resolve_local(zone, local)
+        fire, exists = _resolve_local(zone, local)
     except (OverflowError, ValueError) as exc:
         raise ScheduleError(f"`{expression}` is outside the supported range: {exc}") from exc
+    if not exists and dst_policy == "skip" and not stored:
+        # skip drops a fire in a gap, and a one-off has no other: a submit's rule (a job stored before it
+        # keeps firing after the gap)
+        raise ScheduleError(
+            f"`{expression}` is in a DST gap: {local:%H:%M:%S} does not occur on {local:%Y-%m-%d} in"
+            f" {zone_name} (clocks jump to {fire.astimezone(zone):%H:%M:%S}), and dst_policy skip drops a"
+            f" fire in a gap: `{expression}` can never fire"
+        )
     if not stored and not _EB_YEAR_MIN <= fire.year <= _EB_YEAR_MAX:
         # the years every other instant of a job is held to (EventBridge Scheduler's 1970-2199): a
         # submit's rule, so a job stored before it still reads
@@ -607,7 +618,7 @@ def parse_schedule(
     rule: _Rule
     kind: ScheduleKind
     if lowered.startswith("at(") or lowered.startswith("at "):
-        kind, rule = "at", _parse_at(text, zone, timezone, stored=stored)
+        kind, rule = "at", _parse_at(text, zone, timezone, dst_policy, stored=stored)
     elif lowered.startswith("rate(") or lowered.startswith("rate "):
         kind, rule = (
             "rate",

@@ -21,7 +21,7 @@ def http_event(
     method: str,
     path: str,
     body: Any = None,
-    query: dict[str, str] | None = None,
+    query: dict[str, str] | list[tuple[str, str]] | None = None,
     raw_body: str | None = None,
     headers: dict[str, str] | None = None,
     tenant: str | None = None,
@@ -35,15 +35,24 @@ def http_event(
 
 
 def _event(
-    method: str, path: str, text: str | None, query: dict[str, str] | None, headers: dict[str, str] | None
+    method: str,
+    path: str,
+    text: str | None,
+    query: dict[str, str] | list[tuple[str, str]] | None,
+    headers: dict[str, str] | None,
 ) -> dict[str, Any]:
+    # a list of pairs may repeat a name: API Gateway joins its values with commas in queryStringParameters
+    pairs = list(query.items()) if isinstance(query, dict) else list(query or [])
+    joined: dict[str, str] = {}
+    for name, value in pairs:
+        joined[name] = f"{joined[name]},{value}" if name in joined else value
     return {
         "version": "2.0",
         "routeKey": "$default",
         "rawPath": path,
-        "rawQueryString": "&".join(f"{k}={v}" for k, v in (query or {}).items()),
+        "rawQueryString": "&".join(f"{k}={v}" for k, v in pairs),
         "headers": {"content-type": "application/json", **(headers or {})},
-        "queryStringParameters": query,
+        "queryStringParameters": joined if query is not None else None,
         "requestContext": {
             "accountId": "000000000000",
             "apiId": "test",

@@ -306,6 +306,32 @@ def test_an_out_of_range_run_id_is_a_404(api: ModuleType) -> None:
     assert call(api, "GET", "/runs/job-x.9999999999999999/logs")[0] == 404
 
 
+@pytest.mark.parametrize(
+    "spell",
+    [
+        lambda ms: "0" + ms,  # a leading zero
+        lambda ms: ms.translate(str.maketrans("0123456789", "０１２３４５６７８９")),  # fullwidth digits
+        lambda ms: ms.translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")),  # Arabic-Indic digits
+    ],
+    ids=["leading-zero", "fullwidth", "arabic-indic"],
+)
+def test_only_the_canonical_run_id_names_a_run(api: ModuleType, spell) -> None:
+    # Given a job whose submit claimed a run
+    _, job, _ = call(api, "POST", "/jobs", HELLO)
+    _, runs, _ = call(api, "GET", f"/jobs/{job['job_id']}/runs")
+    run_id = runs["runs"][0]["run_id"]
+    ms = run_id.rpartition(".")[2]
+    # When the same due time is spelled another way int() reads as the same number
+    other = f"{job['job_id']}.{spell(ms)}"
+    # Then it names no run: reading it, its log or cancelling it is a 404
+    assert call(api, "GET", f"/runs/{other}")[0] == 404
+    assert call(api, "GET", f"/runs/{other}/logs")[0] == 404
+    assert call(api, "POST", f"/runs/{other}/cancel")[0] == 404
+    # And the run itself is untouched and still readable by its id
+    status, run, _ = call(api, "GET", f"/runs/{run_id}")
+    assert status == 200 and run["state"] == "PENDING"
+
+
 def test_a_json_body_sent_as_a_form_is_read_as_json(api: ModuleType) -> None:
     # curl -d sends application/x-www-form-urlencoded unless told otherwise
     from duetime.local.lambda_runtime import LocalLambdaContext
@@ -422,6 +448,57 @@ def test_schedule_preview_of_an_impossible_expression_is_a_400_saying_why(api: M
     assert "never" in body["error"]["message"]
 
 
+def test_a_one_off_in_a_dst_gap_under_skip_is_a_400_saying_it_can_never_fire(api: ModuleType) -> None:
+    # Given an at() at 02:30 on New York's 2027 spring-forward day, with dst_policy skip
+    schedule = {"expression": "at(2027-03-14T02:30:00)", "timezone": "America/New_York", "dst_policy": "skip"}
+    # When it is submitted, or previewed
+    status, body, _ = call(api, "POST", "/jobs", {**HELLO, "schedule": schedule})
+    # Then it is refused on the expression as never firing, saying why
+    assert status == 400, body
+    assert body["error"]["field"] == "schedule.expression"
+    assert "is in a DST gap" in body["error"]["message"] and "can never fire" in body["error"]["message"]
+    assert call(api, "GET", "/jobs")[1]["jobs"] == []
+    query = {"expression": schedule["expression"], "timezone": "America/New_York", "dst_policy": "skip"}
+    status, body, _ = call(api, "GET", "/schedules/preview", query=query)
+    assert status == 400 and body["error"]["field"] == "expression", body
+    assert "is in a DST gap" in body["error"]["message"]
+    # And a one-off accepted under shift cannot be switched to skip
+    _, job, _ = call(api, "POST", "/jobs", {**HELLO, "schedule": {**schedule, "dst_policy": "shift"}})
+    assert job["next_fire_at"] == "2027-03-14T07:00:00.000Z"
+    status, body, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", {"schedule": {"dst_policy": "skip"}})
+    assert status == 400 and body["error"]["field"] == "schedule.expression", body
+
+
+def test_schedule_preview_stops_at_the_end_of_2199(api: ModuleType) -> None:
+    # Given @daily previewed after the last midnight of the supported range
+    query = {"expression": "@daily", "after": "2199-12-30T00:00:00Z"}
+    # When the default five fire times are asked for
+    status, body, _ = call(api, "GET", "/schedules/preview", query=query)
+    # Then only 2199-12-31 comes: nothing in 2200
+    assert status == 200, body
+    assert body["fire_times"] == ["2199-12-31T00:00:00.000Z"]
+
+
+def test_a_superscript_digit_in_a_schedule_is_a_400_not_a_500(api: ModuleType) -> None:
+    # Given a submit, a preview and a patch each with `²` (int() raises on it) in the expression
+    created = {**HELLO, "schedule": {"expression": "² * * * *", "timezone": "UTC"}}
+    status, body, _ = call(api, "POST", "/jobs", created)
+    assert status == 400, body
+    assert body["error"]["field"] == "schedule.expression"
+    assert "'²' (U+00B2) in `² * * * *` is not an ASCII digit" in body["error"]["message"]
+    status, body, _ = call(api, "GET", "/schedules/preview", query={"expression": "² * * * *"})
+    assert status == 400 and body["error"]["field"] == "expression", body
+    assert "is not an ASCII digit" in body["error"]["message"]
+    _, job, _ = call(api, "POST", "/jobs", HELLO)
+    patch = {"schedule": {"expression": "0 ² * * *"}}
+    status, body, _ = call(api, "PATCH", f"/jobs/{job['job_id']}", patch)
+    assert status == 400 and body["error"]["field"] == "schedule.expression", body
+    assert "is not an ASCII digit" in body["error"]["message"]
+    # And the job keeps its schedule
+    _, got, _ = call(api, "GET", f"/jobs/{job['job_id']}")
+    assert got["schedule"]["expression"] == "rate(1 minute)"
+
+
 @pytest.mark.parametrize(
     ("query", "parameter", "saying"),
     [
@@ -464,6 +541,30 @@ def test_an_unknown_query_parameter_is_a_400_naming_it(
     assert body["error"]["message"].startswith(
         f"{unknown}: unknown query parameter of GET {path} (it takes: "
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "pairs", "name", "times"),
+    [
+        ("/jobs", [("limit", "1"), ("limit", "2")], "limit", 2),
+        (
+            "/schedules/preview",
+            [("expression", "@daily"), ("count", "1"), ("count", "2"), ("count", "3")],
+            "count",
+            3,
+        ),
+        ("/schedules/preview", [("expression", "@daily"), ("expression", "@hourly")], "expression", 2),
+    ],
+)
+def test_a_query_parameter_given_twice_is_a_400_naming_it(
+    api: ModuleType, path: str, pairs: list[tuple[str, str]], name: str, times: int
+) -> None:
+    # Given a parameter that takes one value given more than once (API Gateway joins them with commas)
+    status, body, _ = call(api, "GET", path, query=pairs)
+    # Then the 400 names it and says how often it came
+    assert status == 400, body
+    assert body["error"]["field"] == name
+    assert body["error"]["message"] == f"{name}: given {times} times; give it once"
 
 
 def test_a_wrong_method_with_a_query_is_still_a_405(api: ModuleType) -> None:
@@ -532,7 +633,8 @@ def test_a_number_too_long_to_read_is_a_400_not_a_500(api: ModuleType, raw: str)
     # CPython refuses to convert integers of more than 4,300 digits (json.loads raises a plain ValueError)
     status, body, _ = call(api, "POST", "/jobs", raw_body=raw)
     assert status == 400 and body["error"]["field"] == "body", body
-    assert "4,300 digits" in body["error"]["message"]
+    assert "a number has more than 4,300 digits" in body["error"]["message"]
+    assert "set_int_max_str_digits" not in body["error"]["message"]  # Python's hint is for Python programmers
     assert call(api, "GET", "/jobs")[1]["jobs"] == []
 
 

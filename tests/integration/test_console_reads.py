@@ -77,3 +77,17 @@ def test_a_sparse_name_filter_reads_ever_larger_pages_of_the_index(
     assert "needle 0<" in page and "needle 1<" in page and "hay" not in page
     limits = [p["Limit"] for op, p in dynamodb_calls if p.get("IndexName") == JOBS_BY_TENANT_INDEX]
     assert limits == [PAGE_SIZE, 4 * PAGE_SIZE]
+
+
+@pytest.mark.parametrize("attempt", ["²", "١"])
+def test_a_log_attempt_in_digits_that_are_not_ascii_is_a_404_page(api: ModuleType, attempt: str) -> None:
+    # Given a run (claimed at submit)
+    _, job, _ = call(
+        api, "POST", "/jobs", {"name": "nightly", **NIGHTLY, "schedule": {"expression": "rate(1 minute)"}}
+    )
+    _, runs, _ = call(api, "GET", f"/jobs/{job['job_id']}/runs")
+    run_id = runs["runs"][0]["run_id"]
+    # When its console page is asked for attempt `²` (int() raises on it) or `١` (int() reads 1)
+    status, _, _ = call(api, "GET", f"/console/runs/{run_id}/log", query={"attempt": attempt})
+    # Then the page says there is no such log, rather than failing
+    assert status == 404

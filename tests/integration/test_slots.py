@@ -3,6 +3,7 @@ real API handler on moto with a fixed clock; and GET /jobs/{id}'s lag figures.""
 
 from __future__ import annotations
 
+import base64
 from types import ModuleType
 from typing import Any
 
@@ -190,3 +191,19 @@ def test_a_missed_slot_the_catch_up_ran_is_ran_with_its_run_not_missed(
         ("12:02", "ran", "SUCCEEDED", True),
         ("12:01", "ran", "SUCCEEDED", True),
     ]
+
+
+def test_a_page_token_is_read_only_as_the_listing_spelled_it(api: ModuleType) -> None:
+    # Given a job's slots paged with a token
+    _, job, _ = call(api, "POST", "/jobs", RATE)
+    _, paged, _ = call(api, "GET", f"/jobs/{job['job_id']}/slots", query={**WINDOW, "limit": "2"})
+    token = paged["next_token"]
+    kind, owner, ms = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode().split(":")
+    # When the cursor is respelled with a leading zero or with Arabic-Indic digits (int() reads both)
+    for spelled in ("0" + ms, ms.translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))):
+        forged = base64.urlsafe_b64encode(f"{kind}:{owner}:{spelled}".encode()).decode().rstrip("=")
+        status, body, _ = call(
+            api, "GET", f"/jobs/{job['job_id']}/slots", query={**WINDOW, "limit": "2", "next_token": forged}
+        )
+        # Then it is no token of this listing
+        assert status == 400 and body["error"]["field"] == "next_token", (spelled, body)

@@ -34,6 +34,16 @@ def test_what_is_not_strict_json_is_a_decode_error_saying_why(text: str, saying:
     assert saying in str(refused.value)
 
 
+def test_a_number_of_more_than_4300_digits_is_refused_without_pythons_hint() -> None:
+    with pytest.raises(json.JSONDecodeError) as refused:
+        read_json_body('{"n": -1' + "0" * 5000 + "}")
+    assert refused.value.msg == "a number has more than 4,300 digits"
+
+
+def test_a_number_of_4300_digits_still_reads() -> None:
+    assert read_json_body('{"n": ' + "9" * 4300 + "}") == {"n": int("9" * 4300)}
+
+
 def test_nesting_depth_counts_brackets_outside_strings_only() -> None:
     assert nesting_depth('{"a": [1, {"b": []}]}') == 4
     assert nesting_depth('{"a": "[[[[{{{{\\"[["}') == 1

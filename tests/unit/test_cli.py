@@ -247,3 +247,19 @@ def test_create_refuses_a_time_zone_without_a_schedule_and_an_env_that_is_not_na
     assert no_schedule.exit_code == 2 and "--tz" in no_schedule.output
     bad_env = runner.invoke(app, ["jobs", "create", *api, "--env", "JUSTANAME", "--", "true"])
     assert bad_env.exit_code == 2 and "NAME=VALUE" in bad_env.output
+
+
+def test_preview_of_a_superscript_digit_exits_2_naming_it() -> None:
+    result = runner.invoke(app, ["schedule", "preview", "² * * * *"])
+    assert result.exit_code == 2, result.output
+    assert "'²' (U+00B2) in `² * * * *` is not an ASCII digit" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_import_dry_run_reports_a_superscript_digit_as_an_invalid_line(tmp_path: Path) -> None:
+    crontab = tmp_path / "mine"
+    crontab.write_text("² * * * * echo x\n")
+    result = runner.invoke(app, ["import", "crontab", str(crontab), "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"{crontab}:1: invalid: ")
+    assert "'²' (U+00B2)" in result.stderr and "is not an ASCII digit" in result.stderr

@@ -177,6 +177,17 @@ def test_a_signature_verifies_with_either_secret_during_a_rotation_and_not_when_
     assert not verify_signature(header, body, SECRET, now=1700000000 + 301)
 
 
+def test_a_signature_timestamp_not_in_ascii_digits_does_not_verify() -> None:
+    # Given a valid signature whose t= is respelled in Arabic-Indic digits (int() reads it) or is "²"
+    body = b'{"event_id":"evt_1"}'
+    expected = sign(SECRET, 1700000000, body)
+    arabic = "1700000000".translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    # Then neither verifies, and neither raises
+    assert not verify_signature(f"t={arabic},v1={expected}", body, SECRET, now=1700000100)
+    assert not verify_signature(f"t=²,v1={expected}", body, SECRET, now=1700000100)
+    assert verify_signature(f"t=1700000000,v1={expected}", body, SECRET, now=1700000100)
+
+
 # ---- SSRF -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "address", ["169.254.169.254", "169.254.0.1", "fd00:ec2::254", "fe80::1", "::ffff:169.254.169.254"]

@@ -94,9 +94,33 @@ def test_at_in_the_repeated_hour_fires_at_the_first_occurrence() -> None:
     assert schedule.next_after(utc(2026, 1, 1)) == iso("2026-11-01T01:30:00-04:00")
 
 
-def test_at_gap_rule_holds_under_skip_policy_too() -> None:
-    schedule = parse_schedule("at(2026-03-08T02:30:00)", "America/New_York", dst_policy="skip")
-    assert schedule.next_after(utc(2026, 1, 1)) == iso("2026-03-08T03:00:00-04:00")
+def test_at_in_a_gap_under_skip_can_never_fire_and_is_refused() -> None:
+    # Given a one-off at 02:30 on New York's spring-forward day, with skip (a fire in a gap is dropped)
+    with pytest.raises(ScheduleError) as err:
+        parse_schedule("at(2027-03-14T02:30:00)", "America/New_York", dst_policy="skip")
+    # Then it is refused as never firing, saying the time is in a DST gap
+    assert err.value.field == "schedule.expression"
+    assert err.value.message == (
+        "`at(2027-03-14T02:30:00)` is in a DST gap: 02:30:00 does not occur on 2027-03-14 in America/New_York"
+        " (clocks jump to 03:00:00), and dst_policy skip drops a fire in a gap:"
+        " `at(2027-03-14T02:30:00)` can never fire"
+    )
+
+
+def test_at_in_a_gap_under_shift_fires_when_the_gap_ends() -> None:
+    schedule = parse_schedule("at(2027-03-14T02:30:00)", "America/New_York", dst_policy="shift")
+    assert schedule.next_after(utc(2026, 1, 1)) == iso("2027-03-14T03:00:00-04:00")
+
+
+def test_at_outside_a_gap_under_skip_fires_at_its_time() -> None:
+    schedule = parse_schedule("at(2027-03-14T03:30:00)", "America/New_York", dst_policy="skip")
+    assert schedule.next_after(utc(2026, 1, 1)) == iso("2027-03-14T03:30:00-04:00")
+
+
+def test_a_stored_at_in_a_gap_under_skip_still_fires_after_the_gap() -> None:
+    # Given such a one-off stored before the rule: it keeps the fire it was accepted with
+    schedule = parse_schedule("at(2027-03-14T02:30:00)", "America/New_York", dst_policy="skip", stored=True)
+    assert schedule.next_after(utc(2026, 1, 1)) == iso("2027-03-14T03:00:00-04:00")
 
 
 @pytest.mark.parametrize(
@@ -982,3 +1006,53 @@ def test_a_step_longer_than_its_field_is_described_as_the_one_value_it_fires_at(
     fires = [schedule.next_after(utc(2025, 12, 31, 23, 59, 59))]
     fires.append(schedule.next_after(fires[0]))
     assert [f.isoformat() for f in fires] == first_fires
+
+
+# --------------------------------------------------------------------------------------------------
+# Numbers are ASCII digits
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expression", "character"),
+    [
+        ("² * * * *", "'²' (U+00B2)"),
+        ("0 ² * * *", "'²' (U+00B2)"),
+        ("cron(0 0 ² * ? *)", "'²' (U+00B2)"),
+        ("rate(² minutes)", "'²' (U+00B2)"),
+        ("*/² * * * *", "'²' (U+00B2)"),
+        ("1-² * * * *", "'²' (U+00B2)"),
+        ("٠ * * * *", "'٠' (U+0660)"),
+        ("１ * * * *", "'１' (U+FF11)"),
+        ("rate(１０ minutes)", "'１' (U+FF11)"),
+        ("at(２０２７-01-01T00:00:00)", "'２' (U+FF12)"),
+        ("0 0 L-٣ * *", "'٣' (U+0663)"),
+        ("0 0 ٣W * *", "'٣' (U+0663)"),
+        ("0 0 * * 1#٢", "'٢' (U+0662)"),
+    ],
+)
+def test_a_digit_that_is_not_ascii_is_refused_naming_it(expression: str, character: str) -> None:
+    # Given an expression with a superscript, Arabic-Indic or fullwidth digit (int() reads most of them)
+    # When it is parsed for a submit
+    with pytest.raises(ScheduleError) as err:
+        parse_schedule(expression, anchor=utc(2026, 1, 1))
+    # Then it is refused on the expression, naming the character
+    assert err.value.field == "schedule.expression"
+    assert err.value.message == f"{character} in `{expression}` is not an ASCII digit: write numbers with 0-9"
+
+
+def test_a_stored_expression_with_a_decimal_digit_of_another_script_still_fires() -> None:
+    # Given a job stored before the rule, with minute `٥` (Arabic-Indic 5)
+    schedule = parse_schedule("٥ * * * *", stored=True)
+    # Then it reads, keeps its expression, and fires at minute 5 as it did
+    assert schedule.expression == "٥ * * * *"
+    assert schedule.preview(utc(2026, 1, 1), 2) == [utc(2026, 1, 1, 0, 5), utc(2026, 1, 1, 1, 5)]
+
+
+def test_a_preview_stops_at_the_end_of_the_supported_range() -> None:
+    # Given @daily previewed from the last day of 2199 (UTC), the supported range's last year
+    schedule = parse_schedule("@daily")
+    # When five fire times are asked for
+    fires = schedule.preview(utc(2199, 12, 30, 12), 5)
+    # Then only the one left in 2199 comes, none in 2200
+    assert fires == [utc(2199, 12, 31)]

@@ -30,6 +30,8 @@ from duetime.domain.models import (
     ScheduleSpec,
     StoredModel,
     Trigger,
+    parse_run_id,
+    run_id_for,
 )
 
 
@@ -380,3 +382,23 @@ def test_a_run_message_with_an_unknown_field_is_refused() -> None:
         RunMessage.model_validate_json(json.dumps({**body, "priority": "high"}))
     assert _error_locations(excinfo, "extra_forbidden") == {("priority",)}
     assert not issubclass(RunMessage, StoredModel)
+
+
+@pytest.mark.parametrize(
+    "run_id",
+    [
+        "alice-job.01796351490774",
+        "alice-job.１７９６３５１４９０７７４",
+        "alice-job.١٧٩٦٣٥١٤٩٠٧٧٤",
+        "alice-job.²",
+    ],
+)
+def test_a_run_id_not_in_the_form_run_id_for_writes_is_malformed(run_id: str) -> None:
+    with pytest.raises(ValueError, match="malformed run id"):
+        parse_run_id(run_id)
+
+
+def test_a_canonical_run_id_parses_to_its_job_and_due_time() -> None:
+    due = datetime(2026, 11, 30, 12, 38, 10, 774000, tzinfo=UTC)
+    assert run_id_for("alice-job", due) == "alice-job.1796042290774"
+    assert parse_run_id("alice-job.1796042290774") == ("alice-job", due)

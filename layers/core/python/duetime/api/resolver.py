@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
+from aws_lambda_powertools.event_handler.openapi.compat import is_scalar_sequence_field
 from aws_lambda_powertools.event_handler.openapi.models import Tag
 from aws_lambda_powertools.event_handler.openapi.params import get_flat_dependant
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -75,6 +78,19 @@ class DuetimeResolver(APIGatewayHttpResolver):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._methods_by_rule: dict[str, tuple[re.Pattern[str], set[str]]] = {}
+        validate = getattr(self, "_request_validation_middleware", None)
+        if validate is None:  # a Powertools without it: the check runs as a middleware (after validation)
+            self.use(middlewares=[reject_unknown_query])
+        else:
+            # Powertools runs its request validation before every middleware of ``use``; the query check
+            # must come first, or a repeated ``?limit=1&limit=2`` (a list to the validator) is reported as
+            # "Input should be a valid integer"
+            def query_then_validate(
+                app: APIGatewayHttpResolver, next_middleware: NextMiddleware
+            ) -> Response[Any]:
+                return reject_unknown_query(app, lambda checked: validate(checked, next_middleware))
+
+            self._request_validation_middleware = query_then_validate  # type: ignore[assignment]
 
     def route(
         self,
@@ -141,10 +157,13 @@ class DuetimeResolver(APIGatewayHttpResolver):
         return schema
 
 
-def reject_unknown_query(app: APIGatewayHttpResolver, next_middleware: NextMiddleware) -> Response[Any]:
-    """A global middleware: a query parameter the route does not declare is a 400 ``validation_error``
+def reject_unknown_query(
+    app: APIGatewayHttpResolver, next_middleware: Callable[[APIGatewayHttpResolver], Response[Any]]
+) -> Response[Any]:
+    """Run before the request validation (:class:`DuetimeResolver`): a query parameter the route does not declare is a 400 ``validation_error``
     naming it (Powertools' validation ignores it, so a misspelt ``?cuont=3`` would silently fall back to
-    the default). Only the API's documented routes are held to it (``include_in_schema``); the console's
+    the default), and so is a parameter that takes one value given more than once (``?limit=1&limit=2``).
+    Only the API's documented routes are held to it (``include_in_schema``); the console's
     pages and Swagger UI read their own query strings."""
     route = app.context.get("_route")
     given = app.current_event.query_string_parameters or {}
@@ -152,7 +171,8 @@ def reject_unknown_query(app: APIGatewayHttpResolver, next_middleware: NextMiddl
         return next_middleware(app)
     if isinstance(app, DuetimeResolver) and not app.is_registered(route.path, route.method):
         return next_middleware(app)  # no such route: the not-found handler answers 404 or 405
-    known = {field.alias for field in get_flat_dependant(route.dependant).query_params}
+    fields = get_flat_dependant(route.dependant).query_params
+    known = {field.alias for field in fields}
     unknown = sorted(set(given) - known)
     if unknown:
         name = unknown[0]
@@ -161,6 +181,19 @@ def reject_unknown_query(app: APIGatewayHttpResolver, next_middleware: NextMiddl
             f"{name}: unknown query parameter of {route.method} {route.openapi_path} (it takes: {allowed})"
         )
         return error_response(400, "validation_error", message, name)
+    # API Gateway (payload 2.0) joins a repeated parameter's values with commas, which Powertools then splits
+    # into a list: `?limit=1&limit=2` would read as "Input should be a valid integer"; only rawQueryString
+    # still shows it was given twice
+    single = {field.alias for field in fields if not is_scalar_sequence_field(field)}
+    times = Counter(
+        name for name, _ in parse_qsl(app.current_event.raw_query_string or "", keep_blank_values=True)
+    )
+    repeated = sorted(name for name in single if times[name] > 1)
+    if repeated:
+        name = repeated[0]
+        return error_response(
+            400, "validation_error", f"{name}: given {times[name]} times; give it once", name
+        )
     return next_middleware(app)
 
 
@@ -170,7 +203,7 @@ def create_app() -> DuetimeResolver:
     app = DuetimeResolver(enable_validation=True, json_body_deserializer=read_json_body)
     app.enable_swagger(path="/docs", title=TITLE, version=__version__, summary=SUMMARY, tags=[*TAGS])
     register_error_handlers(app)
-    app.use(middlewares=[reject_unknown_query, reject_unexpected_body])
+    app.use(middlewares=[reject_unexpected_body])
 
     def no_route(_: Exception) -> Response[str]:
         method, path = app.current_event.http_method, app.current_event.path

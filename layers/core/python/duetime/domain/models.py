@@ -952,16 +952,22 @@ def run_id_for(job_id: str, due_at: datetime) -> str:
 def parse_run_id(run_id: str) -> tuple[str, datetime]:
     """Split a run id into ``(job_id, due_at)`` (UTC).
 
+    Only the canonical form names a run: the one :func:`run_id_for` writes (ASCII digits, no leading
+    zero), so ``job.01796351490774`` or ``job.１７９６３５１４９０７７４`` (``int()`` reads both) is no run id.
+
     Raises:
-        ValueError: if ``run_id`` is not ``<job_id>.<epoch ms>``.
+        ValueError: if ``run_id`` is not ``<job_id>.<epoch ms>`` exactly as :func:`run_id_for` writes it.
     """
     job_id, sep, ms = run_id.rpartition(".")
-    if not sep or not ms.isdigit() or len(ms) > 15 or not _JOB_ID_RE.match(job_id):
+    if not sep or not ms.isascii() or not ms.isdigit() or len(ms) > 15 or not _JOB_ID_RE.match(job_id):
         raise ValueError(f"malformed run id {run_id!r}")
     try:
-        return job_id, from_epoch_ms(int(ms))
+        due_at = from_epoch_ms(int(ms))
     except (OverflowError, OSError, ValueError):
         raise ValueError(f"malformed run id {run_id!r}: due time out of range") from None
+    if run_id_for(job_id, due_at) != run_id:
+        raise ValueError(f"malformed run id {run_id!r}: not in its canonical form")
+    return job_id, due_at
 
 
 #: how long a worker session's row outlives its end, seconds (a worker resumed within it finds it revoked;

@@ -70,8 +70,8 @@ def _decode(job_id: str, token: str) -> datetime:
     try:
         text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
         kind, owner, ms = text.split(":")
-        if kind != "slots" or not ms.isdigit():
-            raise ValueError(text)
+        if kind != "slots" or not ms.isascii() or not ms.isdigit() or str(int(ms)) != ms:
+            raise ValueError(text)  # only the spelling _encode writes: ASCII digits, no leading zero
         cursor = from_epoch_ms(int(ms))
     except (ValueError, binascii.Error, UnicodeDecodeError, OverflowError, OSError):
         raise PageTokenError("next_token: not a token of this listing") from None

@@ -585,7 +585,7 @@ def _attempt_param() -> int | None:
     raw = _query().get("attempt")
     if raw is None:
         return None
-    if not raw.isdigit():
+    if not raw.isascii() or not raw.isdigit():  # int() reads "١" and raises on "²"
         raise NotFoundError("log of attempt", raw)
     return int(raw)
 

@@ -35,7 +35,7 @@ _FIELD_BOUNDS = ((0, 59), (0, 23), (1, 31), (1, 12))
 def _unstep(item: str, lo: int, hi: int) -> str:
     """``item`` with a step too long to reach a second value written as its one value (``*/90`` in minutes
     is minute 0, which cron_descriptor would call "every 90 minutes"); other items unchanged."""
-    match = re.fullmatch(r"(\*|\?|\d+)(?:-(\d+))?/(\d+)", item)
+    match = re.fullmatch(r"(\*|\?|[0-9]+)(?:-([0-9]+))?/([0-9]+)", item)
     if match is None:
         return item
     first = lo if match[1] in ("*", "?") else int(match[1])
@@ -47,7 +47,7 @@ def _describe_cron(rule: _CronRule) -> str:
     fields = [f.upper() for f in rule.fields]
     extra: list[str] = []
     dom_items = fields[2].split(",")
-    offsets = [item for item in dom_items if re.fullmatch(r"L-\d+", item)]
+    offsets = [item for item in dom_items if re.fullmatch(r"L-[0-9]+", item)]
     if offsets:  # cron_descriptor does not know L-n
         dom_items = [item for item in dom_items if item not in offsets] or ["*"]
         extra.extend(f"{item[2:]} days before the last day of the month" for item in offsets)

@@ -4,7 +4,8 @@
   Scheduler's gap behaviour); the docstring there is the rule for cron schedules.
 * :func:`_resolve_local` -- a wall time to its instant: the first occurrence in a fall-back fold, the first
   instant after the gap for a spring-forward gap (PEP 495 ``fold`` semantics). ``at(...)`` uses it as it
-  is, under both policies; cron applies the policy on top (``duetime.domain.schedules.cron``).
+  is under ``shift`` and is refused in a gap under ``skip`` (``duetime.domain.schedules.parse``); cron
+  applies the policy on top (``duetime.domain.schedules.cron``).
 * :func:`_first_offset_change` -- where a zone's UTC offset changes between two instants (a transition).
 * :data:`_CLOCK_CORRECTION` -- Debian's 3-hour line between a DST gap and a clock correction.
 
@@ -32,8 +33,9 @@ clock correction, not daylight saving: fixed-time jobs whose time it swallows ar
 the repeat (Debian would re-run after a fall-back of 3 hours or more; Duetime keeps "never twice").
 
 ``"skip"`` is EventBridge Scheduler's gap behaviour: a fire time that falls inside a spring-forward gap
-is skipped, for every job. Repeated (fall-back) times are handled as under ``"shift"``. ``at(...)`` and
-``rate(...)`` schedules ignore the policy.
+is skipped, for every job. Repeated (fall-back) times are handled as under ``"shift"``. An ``at(...)``
+inside a gap would never fire under ``"skip"``, so it is refused at submit; ``rate(...)`` ignores the
+policy.
 """
 
 # Widest fall-back we look for around an instant (real ones are 30 min to 3 h).

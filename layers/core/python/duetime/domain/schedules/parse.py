@@ -5,8 +5,9 @@ case-insensitive):
 
 * ``at(yyyy-mm-ddThh:mm:ss)`` -- one wall-clock instant in the schedule's time zone (EventBridge
   Scheduler's one-time form). A local time that does not exist (spring-forward gap) fires at the first
-  instant after the gap; a local time that occurs twice (fall-back) fires at its first occurrence. This
-  holds under both DST policies: a one-time job is never silently dropped.
+  instant after the gap under ``dst_policy`` ``shift``; under ``skip`` such a one-off could never fire and
+  is refused (a :class:`ScheduleError` saying it is in a DST gap). A local time that occurs twice
+  (fall-back) fires at its first occurrence. A one-time job is never silently dropped.
 * ``rate(N unit)`` with ``unit`` one of ``minute(s)``, ``hour(s)``, ``day(s)`` (EventBridge's units) and
   also ``second(s)`` (a Duetime extension); ``N >= 1`` and the period at least
   :data:`MIN_RATE_SECONDS` (10 s): every fire is a run, and a tick or a submit claims every fire in its
@@ -25,6 +26,10 @@ case-insensitive):
   Day of month and day of week follow the Vixie rule (crontab(5)): when either field starts with ``*``
   (or is ``?``) a day must match both; otherwise a day matching either fires (``0 0 1-7 * 1`` = the
   first seven days and every Monday). Expressions no date satisfies are rejected at parse.
+
+Every number (cron values, ranges and steps, the rate count, the at() date and time) is written in ASCII
+digits ``0``-``9``: any other digit (``²``, Arabic-Indic ``٠``, fullwidth ``１``) is a
+:class:`ScheduleError` on ``schedule.expression`` naming the character.
 
 All instants returned are timezone-aware UTC ``datetime`` objects. Cron fields are matched against the
 wall clock of the schedule's IANA time zone; the DST rule is described on :data:`DstPolicy`. A zone is
@@ -60,11 +65,48 @@ about 75 runs at once."""
 
 
 # --------------------------------------------------------------------------------------------------
+# Numbers
+# --------------------------------------------------------------------------------------------------
+
+_ASCII_NUMBER_RE = re.compile(r"[0-9]+")
+
+
+def _ascii_digits(text: str, *, stored: bool = False) -> str:
+    """``text`` with every number in ASCII digits, or a :class:`ScheduleError` naming the first other digit.
+
+    Python's ``int()``, ``str.isdigit()`` and regex ``\\d`` also take other scripts' digits (``٠``, ``１``)
+    and superscripts (``²``, on which ``int()`` raises); a schedule's numbers are ``0``-``9`` only. A stored
+    expression (``stored``) accepted before this rule has its decimal digits read as ASCII instead, so it
+    keeps firing as it did.
+    """
+    for ch in text:
+        if ch.isascii() or not ch.isnumeric():
+            continue
+        if stored and ch.isdecimal():
+            continue
+        raise ScheduleError(
+            f"{ch!r} (U+{ord(ch):04X}) in `{text}` is not an ASCII digit: write numbers with 0-9"
+        )
+    if stored:
+        return "".join(str(int(ch)) if ch.isdecimal() and not ch.isascii() else ch for ch in text)
+    return text
+
+
+def _number(token: str) -> int | None:
+    """``token`` as an ``int`` when it is ASCII digits only (``"07"`` is 7), else ``None``."""
+    return int(token) if _ASCII_NUMBER_RE.fullmatch(token) else None
+
+
+# --------------------------------------------------------------------------------------------------
 # at() and rate()
 # --------------------------------------------------------------------------------------------------
 
 
-_AT_RE = re.compile(r"^at\(\s*(\d{4})-(\d{2})-(\d{2})t(\d{2}):(\d{2}):(\d{2})\s*\)$", re.IGNORECASE)
+# numbers are ASCII digits only: ``\d`` (and ``int()``, ``str.isdigit()``) also take Arabic-Indic,
+# fullwidth and superscript digits; _ascii_digits refuses those first, and _number reads every number
+_AT_RE = re.compile(
+    r"^at\(\s*([0-9]{4})-([0-9]{2})-([0-9]{2})t([0-9]{2}):([0-9]{2}):([0-9]{2})\s*\)$", re.IGNORECASE
+)
 _RATE_RE = re.compile(r"^rate\(\s*(\S+)\s+([a-z]+)\s*\)$", re.IGNORECASE)
 _RATE_UNITS = {
     "second": timedelta(seconds=1),
@@ -74,7 +116,9 @@ _RATE_UNITS = {
 }
 
 
-def _parse_at(expression: str, zone: ZoneInfo, zone_name: str, *, stored: bool = False) -> _AtRule:
+def _parse_at(
+    expression: str, zone: ZoneInfo, zone_name: str, dst_policy: DstPolicy, *, stored: bool = False
+) -> _AtRule:
     m = _AT_RE.match(expression)
     if m is None:
         raise ScheduleError(
@@ -87,9 +131,17 @@ def _parse_at(expression: str, zone: ZoneInfo, zone_name: str, *, stored: bool =
     except ValueError as exc:
         raise ScheduleError(f"`{expression}` is not a real date and time: {exc}") from exc
     try:
-        fire, _exists = _resolve_local(zone, local)
+        fire, exists = _resolve_local(zone, local)
     except (OverflowError, ValueError) as exc:
         raise ScheduleError(f"`{expression}` is outside the supported range: {exc}") from exc
+    if not exists and dst_policy == "skip" and not stored:
+        # skip drops a fire in a gap, and a one-off has no other: a submit's rule (a job stored before it
+        # keeps firing after the gap)
+        raise ScheduleError(
+            f"`{expression}` is in a DST gap: {local:%H:%M:%S} does not occur on {local:%Y-%m-%d} in"
+            f" {zone_name} (clocks jump to {fire.astimezone(zone):%H:%M:%S}), and dst_policy skip drops a"
+            f" fire in a gap: `{expression}` can never fire"
+        )
     if not stored and not _EB_YEAR_MIN <= fire.year <= _EB_YEAR_MAX:
         # the years every other instant of a job is held to (EventBridge Scheduler's 1970-2199): a
         # submit's rule, so a job stored before it still reads
@@ -108,9 +160,9 @@ def _parse_rate(expression: str, anchor: datetime | None, *, floor: bool = True)
             "minute(s), hour(s), day(s) or second(s), e.g. rate(5 minutes)"
         )
     raw_count, raw_unit = m.group(1), m.group(2).lower()
-    if not raw_count.isdigit():
+    count = _number(raw_count)
+    if count is None:
         raise ScheduleError(f"rate value {raw_count!r} in `{expression}` must be a whole number >= 1")
-    count = int(raw_count)
     if count < 1:
         raise ScheduleError(f"rate value must be at least 1 (got {count} in `{expression}`)")
     unit = raw_unit[:-1] if raw_unit.endswith("s") else raw_unit
@@ -175,10 +227,10 @@ _MACROS = {
 }
 _MAX_MONTH_DAYS = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
-_LAST_OFFSET_RE = re.compile(r"^l(?:-(\d+))?$")
-_NEAREST_RE = re.compile(r"^(\d+)w$")
+_LAST_OFFSET_RE = re.compile(r"^l(?:-([0-9]+))?$")
+_NEAREST_RE = re.compile(r"^([0-9]+)w$")
 _LAST_DOW_RE = re.compile(r"^([a-z0-9]+)l$")
-_NTH_DOW_RE = re.compile(r"^([a-z0-9]+)#(\d+)$")
+_NTH_DOW_RE = re.compile(r"^([a-z0-9]+)#([0-9]+)$")
 
 
 @dataclass(frozen=True)
@@ -206,11 +258,10 @@ _EB_YEAR_F = _Field("year", _EB_YEAR_MIN, _EB_YEAR_MAX, _EB_YEAR_MIN, _EB_YEAR_M
 
 
 def _value(token: str, spec: _Field, expr: str) -> int:
-    if token.isdigit():
-        number = int(token)
-    elif spec.names is not None and token in spec.names:
-        number = spec.names[token]
-    else:
+    number = _number(token)
+    if number is None and spec.names is not None:
+        number = spec.names.get(token)
+    if number is None:
         hint = ""
         if spec.names is not None:
             hint = f" or a name ({', '.join(list(spec.names)[:3])}, ...)"
@@ -225,9 +276,10 @@ def _expand(item: str, spec: _Field, expr: str) -> list[int]:
     base, slash, step_text = item.partition("/")
     step = 1
     if slash:
-        if not step_text.isdigit() or int(step_text) < 1:
+        parsed = _number(step_text)
+        if parsed is None or parsed < 1:
             raise ScheduleError(f"step {step_text!r} in {spec.name} field `{item}` of `{expr}` must be >= 1")
-        step = int(step_text)
+        step = parsed
     if base in ("*", "?"):
         return list(range(spec.star_lo, spec.star_hi + 1, step))
     if not base:
@@ -281,7 +333,7 @@ def _parse_dom(text: str, expr: str) -> tuple[set[int], set[int], set[int], bool
         elif item in ("lw", "wl"):
             last_weekday = True
         elif (m := _LAST_OFFSET_RE.match(item)) is not None:
-            offset = int(m.group(1) or 0)
+            offset = _number(m.group(1) or "0") or 0
             if offset > 30:
                 raise ScheduleError(f"`{item.upper()}` in `{expr}`: a month has at most 31 days")
             last.add(offset)
@@ -310,7 +362,7 @@ def _parse_dow(
         elif item == "l":  # alone: the last day of the week, Saturday (Quartz / EventBridge)
             plain.add(6)
         elif (m := _NTH_DOW_RE.match(item)) is not None:
-            n = int(m.group(2))
+            n = _number(m.group(2)) or 0
             if not 1 <= n <= 5:
                 raise ScheduleError(f"`{item.upper()}` in `{expr}`: a weekday occurs 1 to 5 times a month")
             nth.add((to_weekday(_value(m.group(1), spec, expr)), n))
@@ -548,6 +600,7 @@ def parse_schedule(
     text = expression.strip()
     if not text:
         raise ScheduleError("schedule expression is empty")
+    source, text = text, _ascii_digits(text, stored=stored)
     zone = _stored_zone(timezone) if stored else _zone(timezone)
     if dst_policy not in ("shift", "skip"):
         raise ScheduleError(
@@ -565,7 +618,7 @@ def parse_schedule(
     rule: _Rule
     kind: ScheduleKind
     if lowered.startswith("at(") or lowered.startswith("at "):
-        kind, rule = "at", _parse_at(text, zone, timezone, stored=stored)
+        kind, rule = "at", _parse_at(text, zone, timezone, dst_policy, stored=stored)
     elif lowered.startswith("rate(") or lowered.startswith("rate "):
         kind, rule = (
             "rate",
@@ -577,7 +630,7 @@ def parse_schedule(
     if kind != "rate":
         anchor_utc = None
 
-    schedule = Schedule(kind, text, timezone, dst_policy, anchor_utc, start, end, rule)
+    schedule = Schedule(kind, source, timezone, dst_policy, anchor_utc, start, end, rule)
     if start is not None or (end is not None and kind == "at"):
         probe = start - _MICROSECOND if start is not None else datetime.min.replace(tzinfo=UTC)
         if schedule.next_after(probe) is None:

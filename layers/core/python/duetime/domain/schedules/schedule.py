@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+from duetime.domain.models import MAX_YEAR
 from duetime.domain.schedules.cron import _SEARCH_YEARS, _SECOND
 from duetime.domain.schedules.describe import _describe
 from duetime.domain.schedules.dst import DstPolicy
@@ -145,7 +146,9 @@ class Schedule:
             fire = following
 
     def preview(self, after: datetime, count: int) -> list[datetime]:
-        """The next ``count`` fire times strictly after ``after`` (fewer if the schedule ends), UTC.
+        """The next ``count`` fire times strictly after ``after``, UTC: fewer if the schedule ends or reaches
+        the end of the supported range (year :data:`~duetime.domain.models.MAX_YEAR` UTC, the range every
+        instant of a job and an ``at()`` are held to).
 
         Raises:
             ValueError: ``after`` is naive or ``count`` is negative.
@@ -156,7 +159,7 @@ class Schedule:
         cursor = after
         while len(fires) < count:
             fire = self.next_after(cursor)
-            if fire is None:
+            if fire is None or fire.year > MAX_YEAR:
                 break
             fires.append(fire)
             cursor = fire

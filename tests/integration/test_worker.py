@@ -224,51 +224,42 @@ def test_what_a_task_left_running_in_its_process_group_is_killed_when_it_exits(
             os.kill(background, 9)
 
 
-def test_a_task_past_its_timeout_is_killed_and_timed_out(deps: Deps) -> None:
+@pytest.mark.parametrize(
+    ("script", "grace", "exit_code", "says"),
+    [
+        # the default SIGTERM ends it
+        ("echo started; sleep 30", 1.0, -15, "process group killed (SIGTERM)"),
+        # it traps SIGTERM and exits 0: its own exit code, and no success
+        (
+            "trap 'exit 0' TERM; echo started; while :; do sleep 0.1; done",
+            5.0,
+            0,
+            "SIGTERM sent to the process group; the task exited with code 0 (not a success)",
+        ),
+        # it ignores SIGTERM: SIGKILL after the grace
+        (
+            "trap '' TERM; echo started; while :; do sleep 0.1; done",
+            0.5,
+            -9,
+            "process group killed (SIGKILL after the 0.5 s grace)",
+        ),
+    ],
+    ids=["sigterm", "exits-0-after-sigterm", "sigkill"],
+)
+def test_a_task_past_its_timeout_is_stopped_timed_out_and_its_log_says_how(
+    deps: Deps, script: str, grace: float, exit_code: int, says: str
+) -> None:
     job_id = _submit(
         deps,
-        ["sh", "-c", "echo started; sleep 30"],
+        ["sh", "-c", script],
         timeout_seconds=1,
-        on_timeout=OnTimeout(action="fail", kill_grace_seconds=1),
-    )
-    Worker(deps, "small", owner="w1").poll_once()
-    [run] = deps.store.list_runs(job_id)
-    assert run.state is RunState.TIMED_OUT
-    assert "timed out after 1 s" in jobs.get_run_log(run.run_id, tenant="t1", deps=deps)
-
-
-def test_a_timed_out_task_that_exits_0_after_sigterm_is_not_called_a_success(deps: Deps) -> None:
-    # Given a task that traps SIGTERM and exits 0 when told to stop
-    job_id = _submit(
-        deps,
-        ["sh", "-c", "trap 'exit 0' TERM; echo started; while :; do sleep 0.1; done"],
-        timeout_seconds=1,
-        on_timeout=OnTimeout(action="fail", kill_grace_seconds=5),
-    )
-    Worker(deps, "small", owner="w1").poll_once()
-    [run] = deps.store.list_runs(job_id)
-    log = jobs.get_run_log(run.run_id, tenant="t1", deps=deps)
-    # Then the run timed out, its exit code is the task's own, and the log says it was no success
-    assert run.state is RunState.TIMED_OUT and run.attempts[-1].exit_code == 0
-    assert (
-        "timed out after 1 s; SIGTERM sent to the process group; the task exited with code 0 (not a success)"
-        in log
-    )
-    assert "process group killed" not in log
-
-
-def test_a_task_killed_at_its_timeout_says_by_which_signal(deps: Deps) -> None:
-    job_id = _submit(
-        deps,
-        ["sh", "-c", "trap '' TERM; echo started; while :; do sleep 0.1; done"],
-        timeout_seconds=1,
-        on_timeout=OnTimeout(action="fail", kill_grace_seconds=0.5),
+        on_timeout=OnTimeout(action="fail", kill_grace_seconds=grace),
     )
     Worker(deps, "small", owner="w1").poll_once()
     [run] = deps.store.list_runs(job_id)
     log = jobs.get_run_log(run.run_id, tenant="t1", deps=deps)
-    assert run.state is RunState.TIMED_OUT and run.attempts[-1].exit_code == -9
-    assert "timed out after 1 s; process group killed (SIGKILL after the 0.5 s grace)" in log
+    assert run.state is RunState.TIMED_OUT and run.attempts[-1].exit_code == exit_code
+    assert f"timed out after 1 s; {says}\n" in log
 
 
 def test_a_missing_program_fails_the_attempt_with_a_message(deps: Deps) -> None:

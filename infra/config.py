@@ -219,8 +219,9 @@ class StageConfig(Frozen):
     #: shards of the jobs table: one EventBridge Scheduler schedule (and tick) per shard.
     shard_count: int = Field(default=4, ge=1, le=1024)
     #: processes each tick claims its shard with (``DUETIME_TICK_PROCESSES``): above 1, the tick function
-    #: gets the memory of that many vCPUs (:attr:`tick_memory_mb`); at most 6, Lambda's largest
-    tick_processes: int = Field(default=1, ge=1, le=6)
+    #: gets the memory of that many vCPUs (:attr:`tick_memory_mb`); at most 4, a shard's due-index keys
+    #: (``DUE_KEYS_PER_SHARD``: each process claims its own keys; Lambda itself gives up to 6 vCPUs)
+    tick_processes: int = Field(default=1, ge=1, le=4)
     #: the hot window (``DUETIME_RUN_RETENTION_DAYS``): days a finished run stays in the runs table before
     #: DynamoDB's TTL sends it to the archive (``duetime.domain.retention``); fractional
     retention_days: float = Field(default=14.0, gt=0, le=3650)

@@ -145,7 +145,7 @@ def test_logs_must_outlive_the_longest_hot_tier() -> None:
 
 def test_a_tick_of_several_processes_gets_a_vcpu_each_up_to_lambdas_six() -> None:
     # 1,769 MB per vCPU; 10,240 MB (6 vCPUs) at most; one process keeps the small function
-    assert [StageConfig(tick_processes=p).tick_memory_mb for p in (1, 2, 4, 6)] == [512, 3_538, 7_076, 10_240]
+    assert [StageConfig(tick_processes=p).tick_memory_mb for p in (1, 2, 3, 4)] == [512, 3_538, 5_307, 7_076]
     for bad in (0, 7):
         with pytest.raises(ValidationError):
             StageConfig(tick_processes=bad)

@@ -63,9 +63,10 @@ class Settings(BaseModel):
     #: ``claim_concurrency`` threads: a process's threads share one core through the GIL, so a tick's CPU
     #: (about 4 ms per claim) bounds a shard at about 250 claims/s per process. Bounded by the vCPUs of a
     #: Lambda function: 1 per 1,769 MB of memory, up to 6 at 10,240 MB ("Memory and computing power",
-    #: AWS Lambda Developer Guide, "Configuring Lambda function memory"); 1 (the default, and the local
-    #: stack's): the tick claims in its own process
-    tick_processes: int = Field(default=1, ge=1, le=6)
+    #: AWS Lambda Developer Guide, "Configuring Lambda function memory"), and by the due-index keys of a
+    #: shard the parts are made of (4, ``adapters.aws.resources.DUE_KEYS_PER_SHARD``: a fifth process would
+    #: claim nothing); 1 (the default, and the local stack's): the tick claims in its own process
+    tick_processes: int = Field(default=1, ge=1, le=4)
     #: due jobs claimed together, each claim step done for the batch at once (services.claims.claim_batch):
     #: on AWS one SendMessageBatch per 10 messages (SQS's limit, hence the default); the embedded store
     #: does a step for the whole batch in one transaction

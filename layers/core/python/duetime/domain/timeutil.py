@@ -6,7 +6,7 @@ Stored instants are fixed-width ISO-8601 UTC strings with millisecond precision,
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 
 def to_iso(instant: datetime) -> str:
@@ -36,14 +36,21 @@ def from_iso(text: str) -> datetime:
     return parsed.astimezone(UTC)
 
 
+#: the Unix epoch, the origin of :func:`to_epoch_ms`
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
 def to_epoch_ms(instant: datetime) -> int:
-    """Milliseconds since the Unix epoch (UTC), truncated."""
-    return int(instant.astimezone(UTC).timestamp() * 1000)
+    """Milliseconds since the Unix epoch (UTC), floored, in exact integer arithmetic: ``timestamp() * 1000``
+    in floating point comes out a millisecond short for some instants (``2038-03-01T12:00:00.003Z``), which
+    would give a run an id that names another instant (:func:`~duetime.domain.models.run_id_for`)."""
+    return (instant.astimezone(UTC) - _EPOCH) // _MS
 
 
 def from_epoch_ms(ms: int) -> datetime:
-    """The aware UTC instant ``ms`` milliseconds after the Unix epoch."""
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+    """The aware UTC instant ``ms`` milliseconds after the Unix epoch (exact: ``to_epoch_ms``'s inverse)."""
+    return _EPOCH + ms * _MS
 
 
 def truncate_ms(instant: datetime) -> datetime:

@@ -43,6 +43,10 @@ MAX_SLOTS_PER_PASS = 1000
 #: Most slots one claim takes (one advance of the job; the next round takes the rest): a 75 s lookahead
 #: holds 75 slots of the shortest schedule, ``rate(1 second)``.
 MAX_SLOTS_PER_CLAIM = 100
+#: Seconds a tick's claiming processes (``tick_processes`` > 1) have, together, to exit once their parts are
+#: in (or they were killed past their time); one still alive then is killed, so none outlives the tick (a
+#: Lambda invocation freezes what is left running)
+CHILD_EXIT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -597,8 +601,13 @@ def _claim_in_processes(
         logger.error("claiming process killed: past its time", extra={"shard": shard, "claimer": child.name})
         child.kill()
         result.errors += 1
+    # one deadline for every child's exit (a child still alive after it is killed: none outlives the tick)
+    exit_by = time.monotonic() + CHILD_EXIT_SECONDS
     for receiver, child in children.items():
-        child.join(timeout=5)
+        child.join(timeout=max(0.0, exit_by - time.monotonic()))
+        if child.is_alive():
+            child.kill()
+            child.join(timeout=1)
         receiver.close()
     return result
 

@@ -207,7 +207,7 @@ def test_streaming_stops_at_the_log_limit_and_a_failed_chunk_delete_keeps_the_ou
     assert "bytes elided by duetime" in final and final.endswith(f"{20:0100d}\n")
     # and what was streamed stopped at the limit: exactly its first 1,000 bytes
     left = sorted(_chunks_left(deps, key))
-    assert len(left) >= 2
+    assert left  # how many chunks depends on when the live log's polls came (a loaded machine: fewer)
     body = b"".join(
         aws.client("s3").get_object(Bucket=deps.settings.logs_bucket, Key=k)["Body"].read() for k in left
     )

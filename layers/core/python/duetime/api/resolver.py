@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
+from aws_lambda_powertools.event_handler.api_gateway import Route
 from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
 from aws_lambda_powertools.event_handler.openapi.compat import is_scalar_sequence_field
 from aws_lambda_powertools.event_handler.openapi.models import Tag
@@ -157,6 +158,19 @@ class DuetimeResolver(APIGatewayHttpResolver):
         return schema
 
 
+def documented_route(app: APIGatewayHttpResolver) -> Route | None:
+    """The route of the request being resolved if it is one of the API's documented routes
+    (``include_in_schema``), else None: the console's pages and Swagger UI read their own query strings and
+    bodies, and the resolver's not-found route (built for the request's own method and path) answers 404
+    or 405 whatever was sent. The strict-input middlewares below check only documented routes."""
+    route = app.context.get("_route")
+    if not isinstance(route, Route) or not route.include_in_schema:
+        return None
+    if isinstance(app, DuetimeResolver) and not app.is_registered(route.path, route.method):
+        return None
+    return route
+
+
 def reject_unknown_query(
     app: APIGatewayHttpResolver, next_middleware: Callable[[APIGatewayHttpResolver], Response[Any]]
 ) -> Response[Any]:
@@ -165,12 +179,10 @@ def reject_unknown_query(
     the default), and so is a parameter that takes one value given more than once (``?limit=1&limit=2``).
     Only the API's documented routes are held to it (``include_in_schema``); the console's
     pages and Swagger UI read their own query strings."""
-    route = app.context.get("_route")
     given = app.current_event.query_string_parameters or {}
-    if route is None or not route.include_in_schema or not given:
+    route = documented_route(app) if given else None
+    if route is None:
         return next_middleware(app)
-    if isinstance(app, DuetimeResolver) and not app.is_registered(route.path, route.method):
-        return next_middleware(app)  # no such route: the not-found handler answers 404 or 405
     fields = get_flat_dependant(route.dependant).query_params
     known = {field.alias for field in fields}
     unknown = sorted(set(given) - known)
@@ -233,13 +245,10 @@ def reject_unexpected_body(app: APIGatewayHttpResolver, next_middleware: NextMid
     """A global middleware: a body sent to a documented route that takes none (``POST /jobs/{job_id}/pause``,
     ``/trigger``...) is a 400 naming ``body``, as an unknown field of a body is: it would otherwise be
     dropped unread. An empty body, ``{}`` and ``null`` are taken as none."""
-    route = app.context.get("_route")
     body = app.current_event.body
-    if route is None or not route.include_in_schema or body is None or "".join(body.split()) in _EMPTY_BODIES:
-        return next_middleware(app)
-    if isinstance(app, DuetimeResolver) and not app.is_registered(route.path, route.method):
-        return next_middleware(app)  # no such route: the not-found handler answers 404 or 405
-    if get_flat_dependant(route.dependant).body_params:
+    sent = body is not None and "".join(body.split()) not in _EMPTY_BODIES
+    route = documented_route(app) if sent else None
+    if route is None or get_flat_dependant(route.dependant).body_params:
         return next_middleware(app)
     message = f"body: {route.method} {route.openapi_path} takes no body (send none, or {{}})"
     return error_response(400, "validation_error", message, "body")

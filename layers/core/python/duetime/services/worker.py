@@ -409,10 +409,7 @@ def kill_group(proc: TaskProcess, grace_seconds: float) -> None:
         proc.wait(timeout=grace_seconds)
     except subprocess.TimeoutExpired:
         pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    kill_leftovers(proc.pid)  # what outlived the grace: the same SIGKILL of the group as a task's exit
     proc.wait()
 
 

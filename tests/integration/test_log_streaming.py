@@ -195,8 +195,11 @@ def test_streaming_stops_at_the_log_limit_and_a_failed_chunk_delete_keeps_the_ou
         raise OSError("S3 refused the delete")
 
     monkeypatch.setattr(deps.logs, "delete_chunks", broken_delete)
-    # Given a task that prints 101-byte lines, 20 of them over 2 s
-    job_id = _submit(deps, ["sh", "-c", 'for i in $(seq 1 20); do printf "%0100d\\n" $i; sleep 0.1; done'])
+    # Given a task that prints 101-byte lines, 20 of them over 2 s, then stays 2 s more: a poll of the live log
+    # after the limit was printed always comes before the end, however loaded the machine
+    job_id = _submit(
+        deps, ["sh", "-c", 'for i in $(seq 1 20); do printf "%0100d\\n" $i; sleep 0.1; done; sleep 2']
+    )
     # When it runs and deleting its chunks afterwards fails
     assert Worker(deps, "small", owner="w1").poll_once() == 1
     # Then the run still SUCCEEDED with its final log (head and tail of 2,020 bytes)

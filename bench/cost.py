@@ -39,6 +39,7 @@ from bench import history
 from bench import stack as stackmod
 from bench.lag import scan_all
 from bench.prices import LAMBDA_MEMORY_MB, price
+from infra.config import StageConfig
 
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED"}
 
@@ -86,6 +87,9 @@ QUICK = Workload(
 #: ``rate(10 seconds)`` job's slots of a lookahead in one claim); a 1 s tick would claim each slot apart
 TICK_SECONDS = 60.0
 AWS_SWEEP_SECONDS = 60.0
+#: the workers' log pack linger, seconds: the AWS stages' (``infra.config.StageConfig.log_pack_linger_seconds``),
+#: so the final-log PUTs are those a deployed worker makes
+LOG_PACK_LINGER_SECONDS = StageConfig().log_pack_linger_seconds
 
 
 def _log_command(n_bytes: int, then: str = "") -> list[str]:
@@ -154,7 +158,11 @@ def run_workload(w: Workload, *, timeout: float = 300.0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="duetime-bench-calls-") as tmp:
         count_dir = Path(tmp)
         with stackmod.running(
-            tick_seconds=TICK_SECONDS, workers=w.workers, shards=w.shards, count_dir=count_dir
+            tick_seconds=TICK_SECONDS,
+            workers=w.workers,
+            shards=w.shards,
+            count_dir=count_dir,
+            extra=("--log-pack-linger-seconds", f"{LOG_PACK_LINGER_SECONDS:g}"),
         ) as stack:
             t_idle = time.time()
             time.sleep(w.idle_seconds)

@@ -229,6 +229,12 @@ class StageConfig(Frozen):
     failed_run_retention_days: float = Field(default=90.0, gt=0, le=3650)
     #: the last N runs of every job stay hot whatever their age (``DUETIME_KEEP_LAST_RUNS``)
     keep_last_runs: int = Field(default=20, ge=0, le=1000)
+    #: seconds a worker gathers the final logs of the runs it ends into one log pack, recording each end at
+    #: once (``DUETIME_LOG_PACK_LINGER_SECONDS``): one S3 PUT for the ends of that long instead of one per
+    #: moment; a worker killed within it loses the final logs of its runs shorter than a chunk interval
+    #: (5 s) ended in it, and a just-ended run's log is readable once its pack lands. 0: every end waits for
+    #: its log (``log_pack_window_seconds``, 1 s)
+    log_pack_linger_seconds: float = Field(default=10.0, ge=0, le=60)
     #: the run archive's bucket (``archive/runs/``): kept until deleted by default
     archive_lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
     #: the run logs' bucket: must outlive the longest hot tier (a hot run's log is read from there, and so

@@ -82,6 +82,15 @@ def local(
     keep_last_runs: Annotated[
         int, typer.Option(min=0, help="the last N runs of every job stay hot whatever their age")
     ] = 20,
+    log_pack_linger_seconds: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=60.0,
+            help="seconds a worker gathers its ended runs' logs into one object, recording each end at once "
+            "(the AWS stages' 10 s: fewer PUTs; a just-ended run's log readable once stored); 0: ends wait",
+        ),
+    ] = 0.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="handler logs and EMF metrics")] = False,
     tenant: Annotated[
         list[str] | None,
@@ -184,6 +193,7 @@ def local(
             run_retention_days=run_retention_days,
             failed_run_retention_days=failed_run_retention_days,
             keep_last_runs=keep_last_runs,
+            log_pack_linger_seconds=log_pack_linger_seconds,
             verbose=verbose,
             aws_endpoint=aws_endpoint,
             tenants=tenants,

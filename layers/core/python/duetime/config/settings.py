@@ -79,6 +79,13 @@ class Settings(BaseModel):
     #: final logs go out as one object (a log pack; each attempt records its byte range); 0: only those that
     #: end together. It delays the record of an end, never a start.
     log_pack_window_seconds: float = Field(default=1.0, ge=0, le=10)
+    #: above 0 (the AWS stages' ``log_pack_linger_seconds``, 10 by default): a worker records each end at once
+    #: and stores the final logs of the ends of this many seconds as one log pack per tenant (or sooner, at
+    #: 8 MiB or 1,000 logs, or at its stop), replacing ``log_pack_window_seconds``: fewer PUTs, but a
+    #: just-ended run's log is readable only once its pack is stored (its chunks meanwhile, if it streamed
+    #: any), and a worker killed within the linger loses the final logs of the runs it ended in it that
+    #: streamed no chunk (DESIGN.md section 7). 0 (the local stacks' default): ends wait for their logs
+    log_pack_linger_seconds: float = Field(default=0.0, ge=0, le=60)
     #: seconds between a worker's SIGTERM and SIGKILL when it must stop a task.
     kill_grace_seconds: float = Field(default=10.0, ge=0)
     #: the hot window (domain/retention.py): days a finished run stays in the hot store (DynamoDB's TTL)
@@ -205,6 +212,7 @@ ENV_VARS: dict[str, str] = {
     "DUETIME_HEARTBEAT_SECONDS": "heartbeat_seconds",
     "DUETIME_PENDING_GRACE_SECONDS": "pending_grace_seconds",
     "DUETIME_LOG_PACK_WINDOW_SECONDS": "log_pack_window_seconds",
+    "DUETIME_LOG_PACK_LINGER_SECONDS": "log_pack_linger_seconds",
     "DUETIME_KILL_GRACE_SECONDS": "kill_grace_seconds",
     "DUETIME_RUN_RETENTION_DAYS": "run_retention_days",
     "DUETIME_FAILED_RUN_RETENTION_DAYS": "failed_run_retention_days",

@@ -109,6 +109,8 @@ class LocalOptions:
     run_retention_days: float = 14.0
     failed_run_retention_days: float = 90.0
     keep_last_runs: int = 20
+    #: Settings.log_pack_linger_seconds (0: ends wait for their logs; the AWS stages use 10)
+    log_pack_linger_seconds: float = 0.0
     prefix: str = "duetime"
     verbose: bool = False
     #: ``local.json``: in ``state_dir`` (the CLI's ``--state-dir``), whose lock keeps other stacks off it
@@ -234,6 +236,7 @@ class LocalStack:
             "run_retention_days": opts.run_retention_days,
             "failed_run_retention_days": opts.failed_run_retention_days,
             "keep_last_runs": opts.keep_last_runs,
+            "log_pack_linger_seconds": opts.log_pack_linger_seconds,
             # webhooks to loopback over plain HTTP are the local stack's (a receiver on this machine)
             "notify_allow_private": True,
             "notify_backoff_seconds": min(5.0, opts.notify_max_backoff_seconds),

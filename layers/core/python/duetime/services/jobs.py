@@ -250,6 +250,8 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
         and (a.log_pack is not None or (a.log_key or "").startswith(PACK_PREFIX))
     }
 
+    finished = {a.attempt: a.finished_at for a in run.attempts}
+
     def read(key: str, number: int | None = None) -> str | None:
         if number in empty:
             return ""
@@ -261,6 +263,8 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
             data = deps.logs.get_range(pack, offset, length)
         if data is None and not key.startswith(PACK_PREFIX):  # a pack is read by range only, never whole
             data = deps.logs.get(key)
+        if data is None and number in ranges:
+            return unstored_pack_note(finished.get(number), number, deps)
         return data.decode("utf-8", errors="replace") if data is not None else None
 
     if attempt is not None:
@@ -283,6 +287,27 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
         if text is not None:
             return text
     return ""
+
+
+#: seconds past an attempt's end plus its worker's linger (``log_pack_linger_seconds``) after which a log pack
+#: that is still not stored is taken as lost with its worker (a PUT retried by the SDK lands well within it)
+PACK_LOST_AFTER_SECONDS = 60.0
+
+
+def unstored_pack_note(finished_at: datetime | None, attempt: int, deps: Deps) -> str:
+    """What an attempt's log reads as when its record names a log pack that is not stored, and no log is at
+    its own key (neither a final object nor chunks): on its way while its worker's linger
+    (``log_pack_linger_seconds``) may still hold it, else lost with its worker (DESIGN.md section 7)."""
+    settings = deps.settings
+    linger = max(settings.log_pack_linger_seconds, settings.log_pack_window_seconds)
+    if finished_at is None or deps.clock.now() - finished_at <= timedelta(
+        seconds=linger + PACK_LOST_AFTER_SECONDS
+    ):
+        return (
+            f"duetime: the log of attempt {attempt} is not stored yet (its worker stores the logs of the runs "
+            f"it ends within {linger:g} s as one object); read it again in a few seconds\n"
+        )
+    return f"duetime: the log of attempt {attempt} was lost: its worker stopped before storing it\n"
 
 
 def list_dead_letters(

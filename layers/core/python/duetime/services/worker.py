@@ -135,6 +135,10 @@ SLOT_WAIT_SECONDS = 0.1
 #: how often the log thread, waiting for more ends to pack (:meth:`Worker._gather_logs`), looks whether any
 #: slot still runs a task
 LINGER_STEP_SECONDS = 0.02
+#: a lingering log pack (``log_pack_linger_seconds``) is stored at once when it holds this many bytes or logs,
+#: whatever its linger: what a worker crash can take with it stays bounded (the memory too)
+PACK_MAX_BYTES = 8 * 1024 * 1024
+PACK_MAX_LOGS = 1000
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,19 @@ class _PendingLog:
     chunks: int
     #: stored in a log pack (else not stored yet)
     packed: bool = False
+
+
+@dataclass
+class _LingeringPack:
+    """A log pack of one tenant (``log_pack_linger_seconds`` > 0) whose ends are recorded (or on their way to
+    the record) while its object waits to be stored, at ``store_at`` (``time.monotonic()``) or sooner."""
+
+    key: str
+    store_at: float
+    logs: list[_PendingLog] = field(default_factory=list)
+    size: int = 0
+    #: cleanups of its logs that came before it was stored: their chunks go once it is
+    cleanups: list[_LogCleanup] = field(default_factory=list)
 
 
 @dataclass
@@ -524,6 +541,10 @@ class Worker:
         self._log_thread: threading.Thread | None = None
         #: ends handed to the log thread and not yet passed on to the session (guarded by _slots_lock)
         self._log_backlog = 0
+        #: the log thread's open lingering pack of each tenant, and every pack not stored yet by the own key
+        #: of each log it holds (log_pack_linger_seconds > 0; the log thread's alone)
+        self._lingering: dict[str, _LingeringPack] = {}
+        self._unstored: dict[str, _LingeringPack] = {}
         #: the lease on every run the worker holds, renewed once per heartbeat interval (sessions.py)
         self.session = WorkerSession(deps, self.owner)
         #: whether the slots renew the session themselves (poll_once, process: no session thread runs)
@@ -1067,33 +1088,109 @@ class Worker:
         records them; then settles each packed log once its record is known (:class:`_LogCleanup`). All the
         worker's log I/O at the end of an attempt happens here: never on the session thread, so a slow
         object store never holds back a start."""
-        while True:
-            first = self._logs.get()
-            if first is None:
-                return
-            if isinstance(first, _LogCleanup):
-                self._clean(first)
+        try:
+            while True:
+                try:
+                    first = self._logs.get(timeout=self._lingering_wait())
+                except queue.Empty:  # a lingering pack is due
+                    self._store_lingering(due_only=True)
+                    continue
+                if first is None:
+                    return
+                if isinstance(first, _LogCleanup):
+                    self._clean(first)
+                    continue
+                batch: list[_Ended] = [first]
+                done = False
+                try:
+                    done = self._gather_logs(batch)
+                    if self.deps.settings.log_pack_linger_seconds > 0:
+                        self._linger_logs(batch)
+                    else:
+                        self._store_logs(batch)
+                except Exception as exc:  # noqa: BLE001 - the thread must outlive it: its ends still get recorded
+                    self._log_failure("storing logs failed", exc)
+                    self._store_each(batch)
+                with self._slots_lock:
+                    self._log_backlog -= len(batch)
+                for ended in batch:
+                    self._writes.put(ended)
+                self._store_lingering(due_only=True)
+                if done:
+                    return
+        finally:  # told to stop (or a fault): what lingers is stored before the thread exits
+            self._store_lingering(due_only=False)
+
+    def _lingering_wait(self) -> float | None:
+        """Seconds until the first lingering pack is due (None: none lingers)."""
+        if not self._lingering:
+            return None
+        return max(0.0, min(pack.store_at for pack in self._lingering.values()) - time.monotonic())
+
+    def _linger_logs(self, batch: list[_Ended]) -> None:
+        """``log_pack_linger_seconds`` > 0: add the final logs of ``batch`` to their tenant's lingering pack
+        (opened by the first, stored ``log_pack_linger_seconds`` later, or at once when full), each end naming
+        its byte range (``log_pack``, ``log_offset``) so it is recorded at once, before its pack is stored.
+        The trade (DESIGN.md section 7): one PUT for the ends of many seconds, but a just-ended run's log is
+        read from its chunks, or not at all, until its pack is stored, and a worker killed meanwhile takes the
+        final logs of the runs it ended in the linger with it (those that streamed chunks keep them)."""
+        linger = self.deps.settings.log_pack_linger_seconds
+        for ended in batch:
+            log, finish = ended.log, ended.finish
+            if log is None or finish is None or log.packed:
                 continue
-            batch: list[_Ended] = [first]
-            done = False
-            try:
-                done = self._gather_logs(batch)
-                self._store_logs(batch)
-            except Exception as exc:  # noqa: BLE001 - the thread must outlive it: its ends still get recorded
-                self._log_failure("storing logs failed", exc)
-                self._store_each(batch)
-            with self._slots_lock:
-                self._log_backlog -= len(batch)
-            for ended in batch:
-                self._writes.put(ended)
-            if done:
-                return
+            tenant = finish.run.tenant
+            pack = self._lingering.get(tenant)
+            if pack is not None and (
+                pack.size + len(log.data) > PACK_MAX_BYTES or len(pack.logs) >= PACK_MAX_LOGS
+            ):
+                del self._lingering[tenant]
+                self._store_lingering_pack(pack)
+                pack = None
+            if pack is None:
+                now = self.deps.clock.now()
+                key = pack_key(f"{now:%Y-%m-%d}", f"{now:%H%M%S}-{uuid.uuid4().hex}")
+                pack = self._lingering[tenant] = _LingeringPack(key, time.monotonic() + linger)
+            ended.finish = replace(finish, log_pack=pack.key, log_offset=pack.size)
+            pack.logs.append(log)
+            pack.size += len(log.data)
+            log.packed = True
+            self._unstored[log.key] = pack
+
+    def _store_lingering(self, *, due_only: bool) -> None:
+        """Store the lingering packs that are due (all of them unless ``due_only``)."""
+        now = time.monotonic()
+        for tenant, pack in list(self._lingering.items()):
+            if not due_only or pack.store_at <= now:
+                del self._lingering[tenant]
+                self._store_lingering_pack(pack)
+
+    def _store_lingering_pack(self, pack: _LingeringPack) -> None:
+        """One PUT of a lingering pack; if it fails, each of its logs under the attempt's own key (where a
+        reader looks when the pack is not there). Then the cleanups that waited for it: chunks are deleted
+        only once the final log they stand for is stored."""
+        unsafe: set[str] = set()
+        try:
+            self.deps.logs.put(pack.key, b"".join(log.data for log in pack.logs))
+        except Exception as exc:  # noqa: BLE001 - each attempt's log is then stored on its own
+            self._log_failure("log pack upload failed", exc)
+            for log in pack.logs:
+                written, _ = self._store_own(log.key, log.data, 0)
+                if written is None and log.data:
+                    unsafe.add(log.key)  # its chunks, if any, stay its log
+        for log in pack.logs:
+            self._unstored.pop(log.key, None)
+        for cleanup in pack.cleanups:
+            self._clean(replace(cleanup, chunks=0) if cleanup.key in unsafe else cleanup)
 
     def _gather_logs(self, batch: list[_Ended]) -> bool:
         """Add to ``batch`` the ends that wait, and those that come within ``log_pack_window_seconds`` while
         other slots still run a task (their logs then go out together); cleanups that come meanwhile are done
-        at once. Returns True if told to exit (None)."""
-        deadline = time.monotonic() + self.deps.settings.log_pack_window_seconds
+        at once. Returns True if told to exit (None). With ``log_pack_linger_seconds`` it waits for none: the
+        lingering pack takes the ends of the next seconds without holding back this one's record."""
+        settings = self.deps.settings
+        window = 0.0 if settings.log_pack_linger_seconds > 0 else settings.log_pack_window_seconds
+        deadline = time.monotonic() + window
         while len(batch) < MAX_WRITE_BATCH:
             with self._slots_lock:
                 running = any(slot.busy for slot in self._slots)
@@ -1177,6 +1274,10 @@ class Worker:
                 self._clean(cleanup)
 
     def _clean(self, cleanup: _LogCleanup) -> None:
+        pack = self._unstored.get(cleanup.key)
+        if pack is not None and cleanup.chunks:  # its final log lingers: the chunks wait for it
+            pack.cleanups.append(cleanup)
+            return
         if cleanup.data is not None:
             try:
                 self.deps.logs.put(cleanup.key, cleanup.data)

@@ -234,7 +234,7 @@ class StageConfig(Frozen):
     #: moment; a worker killed within it loses the final logs of its runs shorter than a chunk interval
     #: (5 s) ended in it, and a just-ended run's log is readable once its pack lands. 0: every end waits for
     #: its log (``log_pack_window_seconds``, 1 s)
-    log_pack_linger_seconds: float = Field(default=10.0, ge=0, le=60)
+    log_pack_linger_seconds: float = Field(default=15.0, ge=0, le=60)
     #: the run archive's bucket (``archive/runs/``): kept until deleted by default
     archive_lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
     #: the run logs' bucket: must outlive the longest hot tier (a hot run's log is read from there, and so

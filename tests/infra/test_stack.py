@@ -436,7 +436,7 @@ def test_the_environment_carries_the_stages_non_default_settings(dev: Synthesize
         "run_retention_days": dev.config.retention_days,
         "failed_run_retention_days": dev.config.failed_run_retention_days,
         "keep_last_runs": dev.config.keep_last_runs,
-        "log_pack_linger_seconds": 10.0,  # the stage default: the workers gather logs into packs for 10 s
+        "log_pack_linger_seconds": 15.0,  # the stage default: the workers gather logs into packs for 15 s
         "archive_bucket": f"<{logical_id(dev, dev.stack.archive.bucket)}>",
         "archiver_dlq_url": f"<{logical_id(dev, dev.stack.archive.dead_letter_queue)}>",
         "tick_period_seconds": 60,  # the schedules' rate(1 minute)

@@ -6,13 +6,15 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 
 from duetime.cli.client import Client
 from duetime.config.deps import Deps
 from duetime.domain.api_models import CreateJobRequest
-from duetime.domain.models import ContainerTask
+from duetime.domain.models import ContainerTask, RunState
 from duetime.services import jobs
 from duetime.services.worker import Worker
+from tests.helpers import running_worker, wait_for
 from tests.integration.test_edges_cli_api import Serve, serve  # noqa: F401 - the fixture
 
 SCRIPT = "echo first line; sleep 7; echo second line"
@@ -64,3 +66,44 @@ def test_follow_prints_a_running_runs_output_before_the_run_ends(serve: Serve, d
     assert follow.returncode == 0
     assert "--- attempt 1 ---" in errors and "--- run SUCCEEDED ---" in errors
     worker.join(timeout=30)
+
+
+def test_follow_waits_for_a_log_its_worker_has_not_stored_yet(serve: Serve, deps: Deps) -> None:  # noqa: F811
+    url = serve()
+    # Given a worker that lingers 3 s over its log packs (the AWS stages' way) and a run it ends at once
+    lingering = replace(deps, settings=deps.settings.model_copy(update={"log_pack_linger_seconds": 3.0}))
+    job = jobs.create_job(
+        CreateJobRequest(name="quick", task=ContainerTask(command=["echo", "quick output"])),
+        tenant="local",
+        deps=deps,
+    )
+    [run] = deps.store.list_runs(job.job_id)
+    with running_worker(Worker(lingering, "small", owner="w")):
+        wait_for(
+            "the run to succeed", lambda: deps.store.list_runs(job.job_id)[0].state is RunState.SUCCEEDED
+        )
+        assert "is not stored yet" in Client(url).request("GET", f"/runs/{run.run_id}/logs")
+        # When someone follows its log before the pack is stored
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DUETIME_")}
+        follow = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "duetime",
+                "runs",
+                "logs",
+                run.run_id,
+                "-f",
+                "--interval",
+                "0.3",
+                "--api",
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+    # Then it prints the log itself once stored, not the note, and exits 0 (SUCCEEDED)
+    assert follow.stdout == "quick output\n", follow
+    assert follow.returncode == 0 and "--- run SUCCEEDED ---" in follow.stderr

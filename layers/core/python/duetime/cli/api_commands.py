@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from duetime.cli.client import ApiError, Client
+from duetime.domain.logs import is_not_stored_note
 
 jobs_app = typer.Typer(no_args_is_help=True, help="Create, list, change and run jobs.")
 runs_app = typer.Typer(no_args_is_help=True, help="Read, follow, cancel and re-drive runs.")
@@ -486,12 +487,17 @@ def runs_logs(
 
     while True:
         run = _call(api, token, sigv4, "GET", f"/runs/{run_id}")
+        waiting = False  # an ended attempt whose log pack its worker has not stored yet: read it again
         for record in run["attempts"]:
             if record["attempt"] not in done:
-                show(record["attempt"], log_of(record["attempt"]), ended=record["state"])
+                text = log_of(record["attempt"])
+                if is_not_stored_note(text):
+                    waiting = True
+                    continue
+                show(record["attempt"], text, ended=record["state"])
         if run["state"] == "RUNNING" and run["attempt"] not in done:
             show(run["attempt"], log_of(run["attempt"]), ended=None)
-        if run["state"] in TERMINAL:
+        if run["state"] in TERMINAL and not waiting:
             typer.echo(f"--- run {run['state']} ---", err=True)
             raise typer.Exit(0 if run["state"] == "SUCCEEDED" else 1)
         time.sleep(interval)

@@ -88,7 +88,7 @@ def local(
             min=0.0,
             max=60.0,
             help="seconds a worker gathers its ended runs' logs into one object, recording each end at once "
-            "(the AWS stages' 10 s: fewer PUTs; a just-ended run's log readable once stored); 0: ends wait",
+            "(the AWS stages' 15 s: fewer PUTs; a just-ended run's log readable once stored); 0: ends wait",
         ),
     ] = 0.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="handler logs and EMF metrics")] = False,

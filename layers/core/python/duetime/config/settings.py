@@ -79,7 +79,7 @@ class Settings(BaseModel):
     #: final logs go out as one object (a log pack; each attempt records its byte range); 0: only those that
     #: end together. It delays the record of an end, never a start.
     log_pack_window_seconds: float = Field(default=1.0, ge=0, le=10)
-    #: above 0 (the AWS stages' ``log_pack_linger_seconds``, 10 by default): a worker records each end at once
+    #: above 0 (the AWS stages' ``log_pack_linger_seconds``, 15 by default): a worker records each end at once
     #: and stores the final logs of the ends of this many seconds as one log pack per tenant (or sooner, at
     #: 8 MiB or 1,000 logs, or at its stop), replacing ``log_pack_window_seconds``: fewer PUTs, but a
     #: just-ended run's log is readable only once its pack is stored (its chunks meanwhile, if it streamed

@@ -109,7 +109,7 @@ class LocalOptions:
     run_retention_days: float = 14.0
     failed_run_retention_days: float = 90.0
     keep_last_runs: int = 20
-    #: Settings.log_pack_linger_seconds (0: ends wait for their logs; the AWS stages use 10)
+    #: Settings.log_pack_linger_seconds (0: ends wait for their logs; the AWS stages use 15)
     log_pack_linger_seconds: float = 0.0
     prefix: str = "duetime"
     verbose: bool = False

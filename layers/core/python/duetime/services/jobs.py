@@ -27,7 +27,7 @@ from duetime.domain.errors import (
     ScheduleError,
 )
 from duetime.domain.lifecycle import message_for
-from duetime.domain.logs import PACK_PREFIX, log_key
+from duetime.domain.logs import PACK_PREFIX, log_key, lost_note, not_stored_note
 from duetime.domain.models import (
     MAX_LAMBDA_TIMEOUT_SECONDS,
     PAUSES_KEPT,
@@ -303,11 +303,8 @@ def unstored_pack_note(finished_at: datetime | None, attempt: int, deps: Deps) -
     if finished_at is None or deps.clock.now() - finished_at <= timedelta(
         seconds=linger + PACK_LOST_AFTER_SECONDS
     ):
-        return (
-            f"duetime: the log of attempt {attempt} is not stored yet (its worker stores the logs of the runs "
-            f"it ends within {linger:g} s as one object); read it again in a few seconds\n"
-        )
-    return f"duetime: the log of attempt {attempt} was lost: its worker stopped before storing it\n"
+        return not_stored_note(attempt, linger)
+    return lost_note(attempt)
 
 
 def list_dead_letters(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -302,3 +303,30 @@ def test_counting_is_off_without_the_environment_variable(
     _submit(deps)
     assert not hasattr(aws.client("dynamodb").meta, "duetime_callcount")
     assert list(tmp_path.glob("calls-*.jsonl")) == []
+
+
+def test_runs_a_lingering_worker_ends_seconds_apart_cost_one_log_put_between_them(
+    deps: Deps, counted: Counted
+) -> None:
+    # Given a worker lingering 6 s over its log packs (the AWS stages' way, with a shorter linger)
+    lingering = replace(deps, settings=deps.settings.model_copy(update={"log_pack_linger_seconds": 6.0}))
+    worker = Worker(lingering, "small", owner="w1", slots=2)
+    seen: list[dict[str, Any]] = []
+
+    def log_puts() -> int:
+        seen.extend(counted.take())
+        return sum(n for op, n in ops(seen).items() if op.startswith("s3 PutObject"))
+
+    with running_worker(worker):
+        # When three printing run-now jobs are submitted one after the other, each once the last succeeded
+        for i in range(3):
+            request = CreateJobRequest(name=f"p{i}", task=ContainerTask(command=["echo", f"log {i}"]))
+            job_id = jobs.create_job(request, tenant="t1", deps=deps).job_id
+            wait_for(
+                "the run to succeed",
+                lambda: deps.store.list_runs(job_id)[0].state is RunState.SUCCEEDED,
+            )
+        # Then every end is recorded before any log is stored, and the three final logs cost one PutObject
+        assert log_puts() == 0
+        wait_for("the pack", lambda: log_puts() == 1, 20)
+    assert log_puts() == 1

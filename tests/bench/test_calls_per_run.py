@@ -21,6 +21,7 @@ README's Performance section, or remove the extra call. Derived from the code (D
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from collections.abc import Iterator
@@ -305,6 +306,10 @@ def test_counting_is_off_without_the_environment_variable(
     assert list(tmp_path.glob("calls-*.jsonl")) == []
 
 
+def _succeeded(deps: Deps, job_id: str) -> bool:
+    return deps.store.list_runs(job_id)[0].state is RunState.SUCCEEDED
+
+
 def test_runs_a_lingering_worker_ends_seconds_apart_cost_one_log_put_between_them(
     deps: Deps, counted: Counted
 ) -> None:
@@ -322,10 +327,7 @@ def test_runs_a_lingering_worker_ends_seconds_apart_cost_one_log_put_between_the
         for i in range(3):
             request = CreateJobRequest(name=f"p{i}", task=ContainerTask(command=["echo", f"log {i}"]))
             job_id = jobs.create_job(request, tenant="t1", deps=deps).job_id
-            wait_for(
-                "the run to succeed",
-                lambda: deps.store.list_runs(job_id)[0].state is RunState.SUCCEEDED,
-            )
+            wait_for("the run to succeed", functools.partial(_succeeded, deps, job_id))
         # Then every end is recorded before any log is stored, and the three final logs cost one PutObject
         assert log_puts() == 0
         wait_for("the pack", lambda: log_puts() == 1, 20)

@@ -44,7 +44,7 @@ def runtime_environment(
         "run_retention_days": config.retention_days,
         "failed_run_retention_days": config.failed_run_retention_days,
         "keep_last_runs": config.keep_last_runs,
-        "log_pack_linger_seconds": config.log_pack_linger_seconds,  # read by the workers alone
+        "log_pack_linger_seconds": config.log_pack_linger_seconds,  # the workers; the API tells pending logs by it
     }
     if archive is not None:  # run history past the hot window (issue 19)
         values["archive_bucket"] = archive.bucket.bucket_name

@@ -8,6 +8,9 @@ import sys
 import threading
 from dataclasses import replace
 
+import pytest
+
+import duetime.services.worker as worker_module
 from duetime.cli.client import Client
 from duetime.config.deps import Deps
 from duetime.domain.api_models import CreateJobRequest
@@ -107,3 +110,47 @@ def test_follow_waits_for_a_log_its_worker_has_not_stored_yet(serve: Serve, deps
     # Then it prints the log itself once stored, not the note, and exits 0 (SUCCEEDED)
     assert follow.stdout == "quick output\n", follow
     assert follow.returncode == 0 and "--- run SUCCEEDED ---" in follow.stderr
+
+
+def test_follow_prints_the_tail_a_lingering_log_holds_beyond_its_chunks(
+    serve: Serve,  # noqa: F811
+    deps: Deps,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = serve()
+    # Given a worker lingering 6 s, streaming chunks every 1 s, and a run that prints, works, prints again
+    monkeypatch.setattr(worker_module, "FLUSH_SECONDS", 1.0)
+    lingering = replace(deps, settings=deps.settings.model_copy(update={"log_pack_linger_seconds": 6.0}))
+    job = jobs.create_job(
+        CreateJobRequest(
+            name="tail", task=ContainerTask(command=["sh", "-c", "echo first; sleep 2.5; echo second"])
+        ),
+        tenant="local",
+        deps=deps,
+    )
+    [run] = deps.store.list_runs(job.job_id)
+    with running_worker(Worker(lingering, "small", owner="w")):
+        wait_for("the run to start", lambda: deps.store.list_runs(job.job_id)[0].state is RunState.RUNNING)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DUETIME_")}
+        # When someone follows its log (before the pack is stored: 6 s after the end)
+        follow = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "duetime",
+                "runs",
+                "logs",
+                run.run_id,
+                "-f",
+                "--interval",
+                "0.3",
+                "--api",
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+    # Then it prints the whole log, the tail after the last chunk too ("waits for the log itself")
+    assert follow.stdout == "first\nsecond\n", follow

@@ -20,9 +20,12 @@ from duetime.config.deps import Deps, sqlite_deps
 from duetime.config.settings import Settings, settings_to_env
 from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.clock import FixedClock
+from duetime.domain.errors import NotFoundError
+from duetime.domain.logs import log_key
 from duetime.domain.models import ContainerTask, RetryPolicy, Run, RunState
 from duetime.services import jobs
-from duetime.services.worker import Worker
+from duetime.services.runs import Finish
+from duetime.services.worker import TaskOutcome, Worker, _Ended, _PendingLog
 from tests.helpers import running_worker, wait_for
 
 #: the linger of the tests that see it pass (long enough that a loaded machine's ends all fall in it)
@@ -83,7 +86,8 @@ def test_ends_within_the_linger_are_recorded_at_once_and_their_logs_stored_as_on
         assert pack is not None and pack.startswith("logs/packs/")
         # and meanwhile a reader is told the log is on its way (no chunk streamed: the runs are short)
         if recorded_before_put:
-            assert "is not stored yet" in jobs.get_run_log(runs[3].run_id, tenant="t1", deps=deps)
+            pending = jobs.read_run_log(runs[3].run_id, tenant="t1", deps=deps)
+            assert pending.pending == "note" and "is not stored yet" in pending.text
         # And within the linger the pack is stored, in one PUT for the four logs
         wait_for("the pack to be stored", lambda: bool(puts), LINGER + 10)
         stored_after = (deps.clock.now() - first_end).total_seconds()
@@ -92,7 +96,7 @@ def test_ends_within_the_linger_are_recorded_at_once_and_their_logs_stored_as_on
     assert stored_after >= LINGER - 1, stored_after
     assert sorted(r.log_offset or 0 for r in records) == [0, 9, 18, 27]
     for i, run in enumerate(runs):
-        assert jobs.get_run_log(run.run_id, tenant="t1", deps=deps) == f"log of {i}\n"
+        assert jobs.read_run_log(run.run_id, tenant="t1", deps=deps) == jobs.RunLog(f"log of {i}\n")
         assert jobs.get_run_log(run.run_id, tenant="t1", deps=deps, attempt=1) == f"log of {i}\n"
 
 
@@ -192,8 +196,11 @@ def test_a_sigkilled_worker_loses_only_the_lingering_logs_of_runs_that_streamed_
         output.close()
     quick_run, slow_run = _run(deps, quick), _run(deps, slow)
     assert quick_run.attempts[0].log_pack is not None and slow_run.attempts[0].log_pack is not None
-    # Then the run that streamed chunks keeps its output, read from them
-    assert jobs.get_run_log(slow_run.run_id, tenant="t1", deps=deps) == "slow 1\nslow 2\nslow 3\n"
+    # Then the run that streamed chunks keeps its output, read from them (marked pending while the linger
+    # may still hold its pack, then as it is)
+    assert jobs.read_run_log(slow_run.run_id, tenant="t1", deps=deps) == jobs.RunLog(
+        "slow 1\nslow 2\nslow 3\n", "partial"
+    )
     # And the quick run's log reads as on its way while the linger may hold it, then as lost: never another
     # attempt's log, never an error
     assert "is not stored yet" in jobs.get_run_log(quick_run.run_id, tenant="t1", deps=deps)
@@ -203,3 +210,56 @@ def test_a_sigkilled_worker_loses_only_the_lingering_logs_of_runs_that_streamed_
     assert jobs.get_run_log(quick_run.run_id, tenant="t1", deps=later) == (
         "duetime: the log of attempt 1 was lost: its worker stopped before storing it\n"
     )
+    hour_later = replace(deps, clock=FixedClock(ended + timedelta(hours=1)))
+    assert jobs.read_run_log(slow_run.run_id, tenant="t1", deps=hour_later) == jobs.RunLog(
+        "slow 1\nslow 2\nslow 3\n"
+    )
+
+
+def test_chunks_stay_when_the_pack_and_the_own_key_failed_before_the_end_was_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a lingering worker and an attempt that streamed one chunk, whose end joins the pack
+    deps = _deps(tmp_path, 60.0)
+    job_id = _submit(deps, "true", "a")
+    run = _run(deps, job_id)
+    key = log_key(run.job_id, run.run_id, run.attempt)
+    deps.logs.put_chunk(key, 0, b"streamed part\n")
+    worker = Worker(deps, "small", owner="w1")
+    finish = Finish(run, run.fencing_token, RunState.SUCCEEDED, log_key=key, log_bytes=20)
+    log = _PendingLog(key, b"streamed part\ntail\n", 1)
+    ended = _Ended(None, finish, TaskOutcome(0, False, False), log=log)  # type: ignore[arg-type]
+    worker._linger_logs([ended])
+    # When the object store refuses every PUT as the pack is stored (the worker's stop: its finally stores
+    # the pack before the session has recorded the last ends), and the end's record comes after
+
+    def refuse(key: str, data: bytes) -> None:
+        raise OSError("store unreachable")
+
+    monkeypatch.setattr(deps.logs, "put", refuse)
+    worker._store_lingering(due_only=False)
+    ended.recorded = run  # the worker's record stands
+    worker._settle_logs([ended], [])  # the log thread is gone: _clean runs here
+    # Then the chunks are still the attempt's log (they are the only copy of its output)
+    assert deps.logs.get(key) == b"streamed part\n"
+
+
+def test_a_pack_expired_by_the_logs_lifecycle_is_not_reported_as_lost_with_its_worker(tmp_path: Path) -> None:
+    # Given a run whose log was stored in a pack (linger 1 s), long ago
+    deps = _deps(tmp_path, 1.0)
+    job_id = _submit(deps, "echo hello", "x")
+    with running_worker(Worker(deps, "small", owner="w1")):
+        wait_for("the run to succeed", lambda: _run(deps, job_id).state is RunState.SUCCEEDED)
+        wait_for(
+            "its log",
+            lambda: jobs.get_run_log(_run(deps, job_id).run_id, tenant="t1", deps=deps) == "hello\n",
+        )
+    run = _run(deps, job_id)
+    record = run.attempts[0]
+    assert record.log_pack is not None and record.finished_at is not None
+    # When the logs bucket's lifecycle expired the pack (an archived run's log over 128 KB goes this way)
+    deps.logs.path(record.log_pack).unlink()
+    later = replace(deps, clock=FixedClock(record.finished_at + timedelta(days=400)))
+    # Then the log is not found, as for any expired log: no claim that its worker stopped before storing it
+    with pytest.raises(NotFoundError):
+        jobs.get_run_log(run.run_id, tenant="t1", deps=later, attempt=1)

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from duetime.cli.client import ApiError, Client
-from duetime.domain.logs import is_not_stored_note
+from duetime.domain.logs import LOG_PENDING_HEADER
 
 jobs_app = typer.Typer(no_args_is_help=True, help="Create, list, change and run jobs.")
 runs_app = typer.Typer(no_args_is_help=True, help="Read, follow, cancel and re-drive runs.")
@@ -455,22 +455,43 @@ def runs_logs(
     """Print a run's stdout+stderr; with --follow, print its output as it is written, attempt by attempt,
     until the run ends (exit 0 if it SUCCEEDED, else 1)."""
     if not follow:
-        typer.echo(
-            _call(api, token, sigv4, "GET", f"/runs/{run_id}/logs", query={"attempt": attempt}), nl=False
+        headers: dict[str, str] = {}
+        text = _call(
+            api,
+            token,
+            sigv4,
+            "GET",
+            f"/runs/{run_id}/logs",
+            query={"attempt": attempt},
+            response_headers=headers,
         )
+        typer.echo(text, nl=False)
+        if headers.get(LOG_PENDING_HEADER.lower()) == "partial":
+            typer.echo(
+                "duetime: the attempt ended; the rest of its log is not stored yet: read it again in a few seconds",
+                err=True,
+            )
         return
     client = Client.resolve(api, token, sigv4)
     printed: dict[int, int] = {}  # attempt -> characters of its log printed so far
     done: set[int] = set()
 
-    def log_of(number: int) -> str:
+    def log_of(number: int) -> tuple[str, str | None]:
+        """The attempt's log so far, and its pending state (LOG_PENDING_HEADER: its worker has not stored the
+        final log yet)."""
+        headers: dict[str, str] = {}
         try:
-            return str(client.request("GET", f"/runs/{run_id}/logs", query={"attempt": number}))
+            text = str(
+                client.request(
+                    "GET", f"/runs/{run_id}/logs", query={"attempt": number}, response_headers=headers
+                )
+            )
         except ApiError as exc:
             if exc.status == 404:  # nothing written yet, or the attempt left no log
-                return ""
+                return "", None
             typer.echo(f"duetime: {exc}", err=True)
             raise typer.Exit(exit_code(exc)) from None
+        return text, headers.get(LOG_PENDING_HEADER.lower())
 
     def show(number: int, text: str, *, ended: str | None) -> None:
         offset = printed.get(number)
@@ -487,16 +508,18 @@ def runs_logs(
 
     while True:
         run = _call(api, token, sigv4, "GET", f"/runs/{run_id}")
-        waiting = False  # an ended attempt whose log pack its worker has not stored yet: read it again
+        waiting = False  # an ended attempt whose log its worker has not stored yet: read it again
         for record in run["attempts"]:
             if record["attempt"] not in done:
-                text = log_of(record["attempt"])
-                if is_not_stored_note(text):
+                text, pending = log_of(record["attempt"])
+                if pending:
                     waiting = True
+                    if pending == "partial":  # the output streamed so far; the rest comes with the log
+                        show(record["attempt"], text, ended=None)
                     continue
                 show(record["attempt"], text, ended=record["state"])
         if run["state"] == "RUNNING" and run["attempt"] not in done:
-            show(run["attempt"], log_of(run["attempt"]), ended=None)
+            show(run["attempt"], log_of(run["attempt"])[0], ended=None)
         if run["state"] in TERMINAL and not waiting:
             typer.echo(f"--- run {run['state']} ---", err=True)
             raise typer.Exit(0 if run["state"] == "SUCCEEDED" else 1)

@@ -67,8 +67,10 @@ class Client:
         body: Any = None,
         query: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
+        response_headers: dict[str, str] | None = None,
     ) -> Any:
-        """Send one request; returns parsed JSON (or text for text responses).
+        """Send one request; returns parsed JSON (or text for text responses). ``response_headers``, if
+        given, is filled with the response's headers (names lower-cased).
 
         Raises:
             ApiError: on an HTTP error (with the API's error code, message and field) or no connection.
@@ -84,6 +86,8 @@ class Client:
         req = urllib.request.Request(url, data=data, method=method, headers=all_headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                if response_headers is not None:
+                    response_headers.update((k.lower(), v) for k, v in resp.headers.items())
                 return _parse(resp.read(), resp.headers.get("Content-Type", ""))
         except urllib.error.HTTPError as exc:
             parsed = _parse(exc.read(), exc.headers.get("Content-Type", ""))

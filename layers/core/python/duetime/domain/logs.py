@@ -17,24 +17,22 @@ def log_key(job_id: str, run_id: str, attempt: int) -> str:
     return f"logs/{job_id}/{run_id}/attempt-{attempt}.log"
 
 
-#: how the log of an attempt whose log pack is not stored yet reads (its worker lingers over the pack,
-#: ``log_pack_linger_seconds``): a follower (``duetime runs logs --follow``) waits for the real log
-NOT_STORED_YET = "is not stored yet"
+#: the response header of ``GET /runs/{id}/logs`` for an ended attempt whose log pack its worker has not stored
+#: yet (``log_pack_linger_seconds``): ``partial`` (the body is the output streamed so far) or ``note`` (the
+#: body is :func:`not_stored_note`); a follower (``duetime runs logs -f``) reads it again
+LOG_PENDING_HEADER = "Duetime-Log-Pending"
 
 
 def not_stored_note(attempt: int, linger_seconds: float) -> str:
-    """The text of attempt ``attempt``'s log while its log pack may still be on its way."""
+    """The text of attempt ``attempt``'s log while its log pack may still be on its way and it streamed no
+    chunk."""
     return (
-        f"duetime: the log of attempt {attempt} {NOT_STORED_YET} (its worker stores the logs of the runs it "
+        f"duetime: the log of attempt {attempt} is not stored yet (its worker stores the logs of the runs it "
         f"ends within {linger_seconds:g} s as one object); read it again in a few seconds\n"
     )
 
 
 def lost_note(attempt: int) -> str:
-    """The text of attempt ``attempt``'s log when its log pack never came and it left no chunk."""
+    """The text of attempt ``attempt``'s log when its log pack never came (within a day of its end) and it
+    streamed no chunk."""
     return f"duetime: the log of attempt {attempt} was lost: its worker stopped before storing it\n"
-
-
-def is_not_stored_note(text: str) -> bool:
-    """Whether ``text`` is a :func:`not_stored_note` (not a log)."""
-    return text.startswith("duetime: the log of attempt ") and NOT_STORED_YET in text.split("\n", 1)[0]

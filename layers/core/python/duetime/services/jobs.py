@@ -7,8 +7,9 @@ import uuid
 import zlib
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import Any, Literal, NoReturn, ParamSpec, TypeVar
 from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ValidationError
@@ -219,12 +220,33 @@ def find_run(run_id: str, *, tenant: str, deps: Deps) -> HistoryRun:
     return found
 
 
+@dataclass(frozen=True)
+class RunLog:
+    """A read of one attempt's log (:func:`read_run_log`).
+
+    ``pending`` says the attempt ended but its final log is not stored yet (its worker lingers over its log
+    pack, ``log_pack_linger_seconds``): ``"partial"``, ``text`` is the chunks streamed so far (the rest comes
+    with the pack); ``"note"``, it streamed none and ``text`` is a note saying so. None: ``text`` is the log.
+    """
+
+    text: str
+    pending: Literal["partial", "note"] | None = None
+
+
 def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = None) -> str:
+    """The text of :func:`read_run_log` (the same arguments and errors)."""
+    return read_run_log(run_id, tenant=tenant, deps=deps, attempt=attempt).text
+
+
+def read_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = None) -> RunLog:
     """The combined stdout+stderr of one attempt of the caller's run (default: the current attempt while the
     run is RUNNING, else the latest attempt that left a log).
 
     A RUNNING attempt's log is its output so far: the chunks its worker streams every few seconds (empty until
-    the first one). An attempt whose worker died keeps the chunks streamed before it died.
+    the first one). An attempt whose worker died keeps the chunks streamed before it died. An ended attempt
+    whose log pack is not stored yet reads as its chunks, or a note, marked ``pending`` (:class:`RunLog`);
+    one whose pack never came within a day of its end (its worker was killed in the linger) reads as its
+    chunks, or a note saying the log was lost.
 
     Raises:
         NotFoundError: the run is not the caller's, ``attempt`` never happened, or it ended without leaving
@@ -251,60 +273,86 @@ def get_run_log(run_id: str, *, tenant: str, deps: Deps, attempt: int | None = N
     }
 
     finished = {a.attempt: a.finished_at for a in run.attempts}
+    pending: list[Literal["partial", "note"]] = []  # what the last read() found pending, if anything
+
+    def text_of(data: bytes) -> str:
+        return data.decode("utf-8", errors="replace")
 
     def read(key: str, number: int | None = None) -> str | None:
+        pending.clear()
         if number in empty:
             return ""
         if number is not None and str(number) in archived_logs:  # archived with the run
             return archived_logs[str(number)]
-        data = None
-        if number in ranges:
-            pack, offset, length = ranges[number]
-            data = deps.logs.get_range(pack, offset, length)
-        if data is None and not key.startswith(PACK_PREFIX):  # a pack is read by range only, never whole
-            data = deps.logs.get(key)
-        if data is None and number in ranges:
-            return unstored_pack_note(finished.get(number), number, deps)
-        return data.decode("utf-8", errors="replace") if data is not None else None
+        own = None if key.startswith(PACK_PREFIX) else key  # a pack is read by range only, never whole
+        if number not in ranges:
+            data = deps.logs.get(own) if own else None
+            return text_of(data) if data is not None else None
+        pack, offset, length = ranges[number]
+        data = deps.logs.get_range(pack, offset, length)
+        if data is None and own:
+            data = deps.logs.get_final(own)  # the pack failed: its worker put the log under the own key
+        if data is not None:
+            return text_of(data)
+        # the pack is not there: not stored yet (its worker lingers), or lost with its worker, or expired
+        chunks = deps.logs.get(own) if own else None
+        state = pack_state(finished.get(number), deps)
+        if state == "pending":
+            pending.append("partial" if chunks is not None else "note")
+            return text_of(chunks) if chunks is not None else not_stored_note(number, pack_linger(deps))
+        if chunks is not None:
+            return text_of(chunks)
+        return lost_note(number) if state == "lost" else None
+
+    def result(text: str) -> RunLog:
+        return RunLog(text, pending[0] if pending else None)
 
     if attempt is not None:
         if attempt < 1 or attempt > run.attempt:
             raise NotFoundError("log of attempt", f"{run_id}#{attempt}")
         if attempt == running:
-            return read(log_key(run.job_id, run_id, attempt)) or ""
+            return result(read(log_key(run.job_id, run_id, attempt)) or "")
         if attempt not in keys:
             if attempt == run.attempt:
-                return ""  # the current attempt has not started (PENDING)
+                return RunLog("")  # the current attempt has not started (PENDING)
             raise NotFoundError("log of attempt", f"{run_id}#{attempt}")
         text = read(keys[attempt], attempt)
         if text is None:
             raise NotFoundError("log of attempt", f"{run_id}#{attempt}")
-        return text
+        return result(text)
     if running is not None:
-        return read(log_key(run.job_id, run_id, running)) or ""
+        return result(read(log_key(run.job_id, run_id, running)) or "")
     for number in sorted(keys, reverse=True):
         text = read(keys[number], number)
         if text is not None:
-            return text
-    return ""
+            return result(text)
+    return RunLog("")
 
 
 #: seconds past an attempt's end plus its worker's linger (``log_pack_linger_seconds``) after which a log pack
 #: that is still not stored is taken as lost with its worker (a PUT retried by the SDK lands well within it)
 PACK_LOST_AFTER_SECONDS = 60.0
+#: until this long after an attempt's end, a missing pack and no chunks read as lost with its worker; later
+#: the log may simply have expired (the logs bucket's lifecycle): not found, as before packs lingered
+PACK_LOST_NOTE_SECONDS = 86_400.0
 
 
-def unstored_pack_note(finished_at: datetime | None, attempt: int, deps: Deps) -> str:
-    """What an attempt's log reads as when its record names a log pack that is not stored, and no log is at
-    its own key (neither a final object nor chunks): on its way while its worker's linger
-    (``log_pack_linger_seconds``) may still hold it, else lost with its worker (DESIGN.md section 7)."""
+def pack_linger(deps: Deps) -> float:
+    """Seconds a worker may hold a log pack after an end it recorded (this deployment's setting)."""
     settings = deps.settings
-    linger = max(settings.log_pack_linger_seconds, settings.log_pack_window_seconds)
-    if finished_at is None or deps.clock.now() - finished_at <= timedelta(
-        seconds=linger + PACK_LOST_AFTER_SECONDS
-    ):
-        return not_stored_note(attempt, linger)
-    return lost_note(attempt)
+    return max(settings.log_pack_linger_seconds, settings.log_pack_window_seconds)
+
+
+def pack_state(finished_at: datetime | None, deps: Deps) -> Literal["pending", "lost", "gone"]:
+    """Why an attempt's recorded log pack is missing, by the time since the attempt's end (UTC): its worker
+    may still hold it (``pending``: within the linger + :data:`PACK_LOST_AFTER_SECONDS`), it was lost with
+    its worker (``lost``: within :data:`PACK_LOST_NOTE_SECONDS`), or it is gone (expired, or never known)."""
+    if finished_at is None:
+        return "gone"
+    age = (deps.clock.now() - finished_at).total_seconds()
+    if age <= pack_linger(deps) + PACK_LOST_AFTER_SECONDS:
+        return "pending"
+    return "lost" if age <= PACK_LOST_NOTE_SECONDS else "gone"
 
 
 def list_dead_letters(

@@ -545,6 +545,9 @@ class Worker:
         #: of each log it holds (log_pack_linger_seconds > 0; the log thread's alone)
         self._lingering: dict[str, _LingeringPack] = {}
         self._unstored: dict[str, _LingeringPack] = {}
+        #: own keys of lingering logs that were stored nowhere (their pack and their own PUT failed): their
+        #: chunks stay, as their log, when their cleanup comes
+        self._keep_chunks: set[str] = set()
         #: the lease on every run the worker holds, renewed once per heartbeat interval (sessions.py)
         self.session = WorkerSession(deps, self.owner)
         #: whether the slots renew the session themselves (poll_once, process: no session thread runs)
@@ -569,6 +572,7 @@ class Worker:
         self._writes = queue.SimpleQueue()  # nothing left from an earlier run_forever
         self._logs = queue.SimpleQueue()
         self._log_backlog = 0
+        self._lingering, self._unstored = {}, {}
         self._outstanding, self._start_fault = [], None
         session = threading.Thread(target=self._session_loop, name="session", daemon=True)
         self._beats_inline = False
@@ -1119,7 +1123,14 @@ class Worker:
                 if done:
                     return
         finally:  # told to stop (or a fault): what lingers is stored before the thread exits
-            self._store_lingering(due_only=False)
+            try:
+                self._store_lingering(due_only=False)
+            except Exception as exc:  # noqa: BLE001 - their chunks, if any, stay their logs
+                self._log_failure("storing lingering logs failed", exc)
+                self._keep_chunks.update(self._unstored)
+            finally:  # nothing is left waiting for a pack once the thread is gone
+                self._lingering.clear()
+                self._unstored.clear()
 
     def _lingering_wait(self) -> float | None:
         """Seconds until the first lingering pack is due (None: none lingers)."""
@@ -1156,6 +1167,9 @@ class Worker:
             pack.size += len(log.data)
             log.packed = True
             self._unstored[log.key] = pack
+            if pack.size >= PACK_MAX_BYTES or len(pack.logs) >= PACK_MAX_LOGS:  # full: stored at once
+                del self._lingering[tenant]
+                self._store_lingering_pack(pack)
 
     def _store_lingering(self, *, due_only: bool) -> None:
         """Store the lingering packs that are due (all of them unless ``due_only``)."""
@@ -1169,7 +1183,6 @@ class Worker:
         """One PUT of a lingering pack; if it fails, each of its logs under the attempt's own key (where a
         reader looks when the pack is not there). Then the cleanups that waited for it: chunks are deleted
         only once the final log they stand for is stored."""
-        unsafe: set[str] = set()
         try:
             self.deps.logs.put(pack.key, b"".join(log.data for log in pack.logs))
         except Exception as exc:  # noqa: BLE001 - each attempt's log is then stored on its own
@@ -1177,11 +1190,11 @@ class Worker:
             for log in pack.logs:
                 written, _ = self._store_own(log.key, log.data, 0)
                 if written is None and log.data:
-                    unsafe.add(log.key)  # its chunks, if any, stay its log
+                    self._keep_chunks.add(log.key)  # its chunks, if any, stay its log
         for log in pack.logs:
             self._unstored.pop(log.key, None)
         for cleanup in pack.cleanups:
-            self._clean(replace(cleanup, chunks=0) if cleanup.key in unsafe else cleanup)
+            self._clean(cleanup)
 
     def _gather_logs(self, batch: list[_Ended]) -> bool:
         """Add to ``batch`` the ends that wait, and those that come within ``log_pack_window_seconds`` while
@@ -1278,6 +1291,9 @@ class Worker:
         if pack is not None and cleanup.chunks:  # its final log lingers: the chunks wait for it
             pack.cleanups.append(cleanup)
             return
+        if cleanup.key in self._keep_chunks:  # its final log was stored nowhere: the chunks are its log
+            self._keep_chunks.discard(cleanup.key)
+            cleanup = replace(cleanup, chunks=0)
         if cleanup.data is not None:
             try:
                 self.deps.logs.put(cleanup.key, cleanup.data)

@@ -14,6 +14,7 @@ from duetime.api.responses import errors, ok, text_ok
 from duetime.api.routers import check_instant, new_router
 from duetime.api.tenancy import Tenant
 from duetime.domain.api_models import RunListResponse, RunResponse
+from duetime.domain.logs import LOG_PENDING_HEADER
 from duetime.domain.models import RunState
 from duetime.services import jobs
 
@@ -89,10 +90,14 @@ def get_run_logs(
     """Read a run's log.
 
     The stdout+stderr of its latest attempt (`attempt=N`: an earlier one) as plain text; while the run
-    runs, its output so far.
+    runs, its output so far. An attempt that ended while its worker still holds its log (the worker stores
+    the logs of several seconds as one object) answers with the header `Duetime-Log-Pending`: `partial`,
+    the body is the output streamed so far and the rest is on its way; `note`, the body is a note saying so.
+    Read it again a few seconds later.
     """
-    text = jobs.get_run_log(run_id, tenant=tenant, deps=deps, attempt=attempt)
-    return Response(status_code=200, content_type="text/plain; charset=utf-8", body=text)
+    log = jobs.read_run_log(run_id, tenant=tenant, deps=deps, attempt=attempt)
+    headers = {LOG_PENDING_HEADER: log.pending} if log.pending else None
+    return Response(status_code=200, content_type="text/plain; charset=utf-8", body=log.text, headers=headers)
 
 
 @router.post(

@@ -71,6 +71,25 @@ def test_follow_prints_a_running_runs_output_before_the_run_ends(serve: Serve, d
     worker.join(timeout=30)
 
 
+def _follow(url: str, run_id: str) -> subprocess.CompletedProcess[str]:
+    """`duetime runs logs RUN_ID -f` polling every 0.3 s, run to its end."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUETIME_")}
+    command = [
+        sys.executable,
+        "-m",
+        "duetime",
+        "runs",
+        "logs",
+        run_id,
+        "-f",
+        "--interval",
+        "0.3",
+        "--api",
+        url,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+
+
 def test_follow_waits_for_a_log_its_worker_has_not_stored_yet(serve: Serve, deps: Deps) -> None:  # noqa: F811
     url = serve()
     # Given a worker that lingers 3 s over its log packs (the AWS stages' way) and a run it ends at once
@@ -87,26 +106,7 @@ def test_follow_waits_for_a_log_its_worker_has_not_stored_yet(serve: Serve, deps
         )
         assert "is not stored yet" in Client(url).request("GET", f"/runs/{run.run_id}/logs")
         # When someone follows its log before the pack is stored
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DUETIME_")}
-        follow = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "duetime",
-                "runs",
-                "logs",
-                run.run_id,
-                "-f",
-                "--interval",
-                "0.3",
-                "--api",
-                url,
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
+        follow = _follow(url, run.run_id)
     # Then it prints the log itself once stored, not the note, and exits 0 (SUCCEEDED)
     assert follow.stdout == "quick output\n", follow
     assert follow.returncode == 0 and "--- run SUCCEEDED ---" in follow.stderr
@@ -131,26 +131,7 @@ def test_follow_prints_the_tail_a_lingering_log_holds_beyond_its_chunks(
     [run] = deps.store.list_runs(job.job_id)
     with running_worker(Worker(lingering, "small", owner="w")):
         wait_for("the run to start", lambda: deps.store.list_runs(job.job_id)[0].state is RunState.RUNNING)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DUETIME_")}
         # When someone follows its log (before the pack is stored: 6 s after the end)
-        follow = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "duetime",
-                "runs",
-                "logs",
-                run.run_id,
-                "-f",
-                "--interval",
-                "0.3",
-                "--api",
-                url,
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
+        follow = _follow(url, run.run_id)
     # Then it prints the whole log, the tail after the last chunk too ("waits for the log itself")
     assert follow.stdout == "first\nsecond\n", follow

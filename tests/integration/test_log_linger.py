@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from duetime.config.deps import Deps, sqlite_deps
-from duetime.config.settings import Settings, settings_to_env
+from duetime.config.settings import settings_to_env
 from duetime.domain.api_models import CreateJobRequest
 from duetime.domain.clock import FixedClock
 from duetime.domain.errors import NotFoundError
@@ -27,21 +27,15 @@ from duetime.services import jobs
 from duetime.services.runs import Finish
 from duetime.services.worker import TaskOutcome, Worker, _Ended, _PendingLog
 from tests.helpers import running_worker, wait_for
+from tests.integration.test_worker_slots import _settings
 
 #: the linger of the tests that see it pass (long enough that a loaded machine's ends all fall in it)
 LINGER = 8.0
 
 
 def _deps(tmp_path: Path, linger: float) -> Deps:
-    return sqlite_deps(
-        Settings(
-            state_dir=str(tmp_path / "state"),
-            lease_seconds=5,
-            heartbeat_seconds=0.3,
-            kill_grace_seconds=1,
-            log_pack_linger_seconds=linger,
-        )
-    )
+    """The embedded adapters with short leases (test_worker_slots' settings) and a worker linger of ``linger``."""
+    return sqlite_deps(_settings(tmp_path, log_pack_linger_seconds=linger))
 
 
 def _submit(deps: Deps, command: str, name: str) -> str:

@@ -69,11 +69,12 @@ def test_a_worker_told_to_stop_while_its_aws_hangs_kills_its_task_and_exits_afte
         worker.send_signal(signal.SIGTERM)
         code = worker.wait(timeout=20)
         took = time.monotonic() - sent
-        # Then its stop deadline stops the task (the loop, stuck in a beat, did not within 2 s) and exits
-        # the worker once its 2 s budget for the hand-back is up
+        # Then the task is stopped (by its slot at once: the hanging beat is the session thread's, not the
+        # slot's; else by the stop deadline LOOP_STUCK_SECONDS after the stop) and the worker exits once its
+        # 2 s budget for the hand-back, which the hanging store never lets finish, is up after that
         assert not alive(task), "the task outlived its worker"
         print(f"worker exited {took:.1f} s after SIGTERM with {code}")
-        assert code == 1 and LOOP_STUCK_SECONDS + 2 - 0.5 <= took <= LOOP_STUCK_SECONDS + 2 + 3, (code, took)
+        assert code == 1 and 2 - 0.5 <= took <= LOOP_STUCK_SECONDS + 2 + 3, (code, took)
         assert worker.stderr is not None and b"not stopped 2 s after its task" in worker.stderr.read()
     finally:
         os.kill(moto[0], signal.SIGCONT)

@@ -231,8 +231,9 @@ class StageConfig(Frozen):
     keep_last_runs: int = Field(default=20, ge=0, le=1000)
     #: seconds a worker gathers the final logs of the runs it ends into one log pack, recording each end at
     #: once (``DUETIME_LOG_PACK_LINGER_SECONDS``): one S3 PUT for the ends of that long instead of one per
-    #: moment; a worker killed within it loses the final logs of its runs shorter than a chunk interval
-    #: (5 s) ended in it, and a just-ended run's log is readable once its pack lands. 0: every end waits for
+    #: moment; a worker killed within it loses the final logs of the runs it ended in it (what a run printed
+    #: after its last chunk; all of it for one shorter than 5 s), and a just-ended run's log is readable once
+    #: its pack lands. 0: every end waits for
     #: its log (``log_pack_window_seconds``, 1 s)
     log_pack_linger_seconds: float = Field(default=15.0, ge=0, le=60)
     #: the run archive's bucket (``archive/runs/``): kept until deleted by default

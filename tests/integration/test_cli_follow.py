@@ -92,8 +92,8 @@ def _follow(url: str, run_id: str) -> subprocess.CompletedProcess[str]:
 
 def test_follow_waits_for_a_log_its_worker_has_not_stored_yet(serve: Serve, deps: Deps) -> None:  # noqa: F811
     url = serve()
-    # Given a worker that lingers 3 s over its log packs (the AWS stages' way) and a run it ends at once
-    lingering = replace(deps, settings=deps.settings.model_copy(update={"log_pack_linger_seconds": 3.0}))
+    # Given a worker that lingers 8 s over its log packs (the AWS stages' way) and a run it ends at once
+    lingering = replace(deps, settings=deps.settings.model_copy(update={"log_pack_linger_seconds": 8.0}))
     job = jobs.create_job(
         CreateJobRequest(name="quick", task=ContainerTask(command=["echo", "quick output"])),
         tenant="local",
@@ -105,6 +105,16 @@ def test_follow_waits_for_a_log_its_worker_has_not_stored_yet(serve: Serve, deps
             "the run to succeed", lambda: deps.store.list_runs(job.job_id)[0].state is RunState.SUCCEEDED
         )
         assert "is not stored yet" in Client(url).request("GET", f"/runs/{run.run_id}/logs")
+        # (read without -f, it is nothing on stdout, the note on stderr and exit 5: read it again)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DUETIME_")}
+        once = subprocess.run(
+            [sys.executable, "-m", "duetime", "runs", "logs", run.run_id, "--api", url],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert (once.returncode, once.stdout) == (5, "") and "is not stored yet" in once.stderr, once
         # When someone follows its log before the pack is stored
         follow = _follow(url, run.run_id)
     # Then it prints the log itself once stored, not the note, and exits 0 (SUCCEEDED)

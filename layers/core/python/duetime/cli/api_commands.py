@@ -36,6 +36,11 @@ TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED"}
 _out = Console(width=None if sys.stdout.isatty() else 10_000)
 
 
+#: `duetime runs logs` (without -f): the attempt ended but its worker has not stored its log yet (it lingers
+#: over its log pack, ``log_pack_linger_seconds``): nothing on stdout, a note on stderr; read it again
+LOG_NOT_STORED_EXIT = 5
+
+
 def exit_code(exc: ApiError) -> int:
     """The CLI's exit code for an API error: 3 not found, 4 the API failed or is unreachable, else 1."""
     return 3 if exc.status == 404 else 4 if exc.status == 0 or exc.status >= 500 else 1
@@ -465,8 +470,12 @@ def runs_logs(
             query={"attempt": attempt},
             response_headers=headers,
         )
+        pending = headers.get(LOG_PENDING_HEADER.lower())
+        if pending == "note":  # the body is a note, not the log: say it on stderr, and exit 5 (try again)
+            typer.echo(str(text), err=True, nl=False)
+            raise typer.Exit(LOG_NOT_STORED_EXIT)
         typer.echo(text, nl=False)
-        if headers.get(LOG_PENDING_HEADER.lower()) == "partial":
+        if pending == "partial":
             typer.echo(
                 "duetime: the attempt ended; the rest of its log is not stored yet: read it again in a few seconds",
                 err=True,

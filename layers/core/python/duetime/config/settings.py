@@ -83,8 +83,9 @@ class Settings(BaseModel):
     #: and stores the final logs of the ends of this many seconds as one log pack per tenant (or sooner, at
     #: 8 MiB or 1,000 logs, or at its stop), replacing ``log_pack_window_seconds``: fewer PUTs, but a
     #: just-ended run's log is readable only once its pack is stored (its chunks meanwhile, if it streamed
-    #: any), and a worker killed within the linger loses the final logs of the runs it ended in it that
-    #: streamed no chunk (DESIGN.md section 7). 0 (the local stacks' default): ends wait for their logs
+    #: any), and a worker killed within the linger loses the final logs of the runs it ended in it (what
+    #: each printed after its last chunk: all of it for one that streamed none; docs/design/log-packs.md).
+    #: 0 (the local stacks' default): ends wait for their logs
     log_pack_linger_seconds: float = Field(default=0.0, ge=0, le=60)
     #: seconds between a worker's SIGTERM and SIGKILL when it must stop a task.
     kill_grace_seconds: float = Field(default=10.0, ge=0)

@@ -1144,7 +1144,8 @@ class Worker:
         its byte range (``log_pack``, ``log_offset``) so it is recorded at once, before its pack is stored.
         The trade (DESIGN.md section 7): one PUT for the ends of many seconds, but a just-ended run's log is
         read from its chunks, or not at all, until its pack is stored, and a worker killed meanwhile takes the
-        final logs of the runs it ended in the linger with it (those that streamed chunks keep them)."""
+        final logs of the runs it ended in the linger with it (those that streamed chunks keep them: their output
+        up to the last chunk)."""
         linger = self.deps.settings.log_pack_linger_seconds
         for ended in batch:
             log, finish = ended.log, ended.finish

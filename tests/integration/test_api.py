@@ -124,6 +124,8 @@ def test_a_first_attempt_still_running_shows_its_lag(api: ModuleType, deps, cloc
             "schedule.timezone",
         ),
         ({**HELLO, "schedule": {"expression": "at(2020-01-01T00:00:00)"}}, "schedule.expression"),
+        # its first fire would be in 2300, after 2199 (the last year of every other instant of a job)
+        ({**HELLO, "schedule": {"expression": "rate(100000 days)"}}, "schedule.expression"),
         (
             {**HELLO, "schedule": {"expression": "rate(1 minute)", "end_at": "2020-01-01T00:00:00Z"}},
             "schedule.end_at",

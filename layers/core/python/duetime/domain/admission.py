@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
 
-from duetime.domain.models import CatchUpPolicy, Job, JobState, JobSummary, ScheduleSpec, Trigger
+from duetime.domain.models import MAX_YEAR, CatchUpPolicy, Job, JobState, JobSummary, ScheduleSpec, Trigger
 from duetime.domain.schedules import Schedule, parse_schedule
 from duetime.domain.timeutil import truncate_ms
 
@@ -67,12 +67,16 @@ def schedule_of(job: Job | JobSummary) -> Schedule | None:
 
 
 def next_fire_after(job: Job, instant: datetime) -> datetime | None:
-    """The job's first fire strictly after ``instant`` (UTC, ms precision), or None if it never fires again."""
+    """The job's first fire strictly after ``instant`` (UTC, ms precision), or None if it never fires again
+    within the instants Duetime accepts (years up to ``MAX_YEAR``, 2199: EventBridge Scheduler's range, as for
+    every other instant of a job; a ``rate(100000 days)`` has none)."""
     schedule = schedule_of(job)
     if schedule is None:
         return None
     nxt = schedule.next_after(instant)
-    return truncate_ms(nxt) if nxt is not None else None
+    if nxt is None or nxt.astimezone(UTC).year > MAX_YEAR:
+        return None
+    return truncate_ms(nxt)
 
 
 class Verdict(StrEnum):

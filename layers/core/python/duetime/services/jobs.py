@@ -31,6 +31,7 @@ from duetime.domain.lifecycle import message_for
 from duetime.domain.logs import PACK_PREFIX, log_key, lost_note, not_stored_note
 from duetime.domain.models import (
     MAX_LAMBDA_TIMEOUT_SECONDS,
+    MAX_YEAR,
     PAUSES_KEPT,
     CatchUpPolicy,
     Job,
@@ -163,7 +164,9 @@ def _no_fire_ahead(schedule: ScheduleSpec | None, now: datetime) -> NoReturn:
             f"end_at {to_iso(end_at)} has passed: the schedule has no fire time after now", "schedule.end_at"
         )
     raise ScheduleError(
-        "the schedule has no fire time after now (an at(...) in the past)", "schedule.expression"
+        f"the schedule has no fire time between now and the end of {MAX_YEAR} (an at(...) in the past, or a "
+        f"first fire after {MAX_YEAR}, the last year Duetime accepts)",
+        "schedule.expression",
     )
 
 

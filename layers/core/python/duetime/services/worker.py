@@ -1153,32 +1153,36 @@ class Worker:
                 continue
             tenant = finish.run.tenant
             pack = self._lingering.get(tenant)
-            if pack is not None and (
-                pack.size + len(log.data) > PACK_MAX_BYTES or len(pack.logs) >= PACK_MAX_LOGS
-            ):
-                del self._lingering[tenant]
-                self._store_lingering_pack(pack)
+            if pack is not None and pack.size + len(log.data) > PACK_MAX_BYTES:  # it would overflow
+                self._close_pack(tenant)
                 pack = None
             if pack is None:
-                now = self.deps.clock.now()
-                key = pack_key(f"{now:%Y-%m-%d}", f"{now:%H%M%S}-{uuid.uuid4().hex}")
-                pack = self._lingering[tenant] = _LingeringPack(key, time.monotonic() + linger)
+                pack = self._lingering[tenant] = _LingeringPack(
+                    self._new_pack_key(), time.monotonic() + linger
+                )
             ended.finish = replace(finish, log_pack=pack.key, log_offset=pack.size)
             pack.logs.append(log)
             pack.size += len(log.data)
             log.packed = True
             self._unstored[log.key] = pack
             if pack.size >= PACK_MAX_BYTES or len(pack.logs) >= PACK_MAX_LOGS:  # full: stored at once
-                del self._lingering[tenant]
-                self._store_lingering_pack(pack)
+                self._close_pack(tenant)
+
+    def _new_pack_key(self) -> str:
+        """A fresh log pack key under today's day (UTC): ``logs/packs/<day>/<HHMMSS>-<uuid>.log``."""
+        now = self.deps.clock.now()
+        return pack_key(f"{now:%Y-%m-%d}", f"{now:%H%M%S}-{uuid.uuid4().hex}")
+
+    def _close_pack(self, tenant: str) -> None:
+        """Take ``tenant``'s lingering pack out of the open ones and store it."""
+        self._store_lingering_pack(self._lingering.pop(tenant))
 
     def _store_lingering(self, *, due_only: bool) -> None:
         """Store the lingering packs that are due (all of them unless ``due_only``)."""
         now = time.monotonic()
         for tenant, pack in list(self._lingering.items()):
             if not due_only or pack.store_at <= now:
-                del self._lingering[tenant]
-                self._store_lingering_pack(pack)
+                self._close_pack(tenant)
 
     def _store_lingering_pack(self, pack: _LingeringPack) -> None:
         """One PUT of a lingering pack; if it fails, each of its logs under the attempt's own key (where a
@@ -1257,8 +1261,7 @@ class Worker:
     def _store_pack(self, group: list[_Ended]) -> bool:
         """One log pack of ``group``'s logs; False (nothing changed) if it could not be stored."""
         logs = [e.log for e in group if e.log is not None]
-        now = self.deps.clock.now()
-        key = pack_key(f"{now:%Y-%m-%d}", f"{now:%H%M%S}-{uuid.uuid4().hex}")
+        key = self._new_pack_key()
         try:
             self.deps.logs.put(key, b"".join(log.data for log in logs))
         except Exception as exc:  # noqa: BLE001 - each attempt's log is then stored on its own

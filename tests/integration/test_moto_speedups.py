@@ -1,6 +1,7 @@
 """The local moto server's key-ordering speed-ups (:mod:`duetime.local.moto_speedups`) answer exactly as moto's
 stock methods: random items and random Queries and Scans (indexes, filters, Limit, paging, both directions,
-projections) asked of in-process moto twice, once with each, every page compared whole."""
+projections) asked of in-process moto twice, once with each, every page compared whole; and the SQS retention
+check answers as moto's for messages on either side of a queue's retention period."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from typing import Any
 import pytest
 from moto.dynamodb.models.dynamo_type import DynamoType
 from moto.dynamodb.models.table import Table
+from moto.sqs.models import SQSBackend, sqs_backends
 
 from duetime.adapters.aws import clients as aws
 from duetime.local import moto_speedups
 
 STOCK_SORTED, STOCK_ALL = Table.sorted_items, Table.all_items
+STOCK_RETENTION = SQSBackend.is_message_valid_based_on_retention_period
 FAST_SORTED = moto_speedups.make_sorted_items(STOCK_SORTED)
 FAST_ALL = moto_speedups.make_all_items(STOCK_ALL)
 TENANTS = ["alice", "bob", "carol", "dan"]
@@ -308,11 +311,34 @@ def test_install_replaces_the_two_methods_once(monkeypatch: pytest.MonkeyPatch) 
     # Given moto's Table with its stock methods
     monkeypatch.setattr(Table, "sorted_items", STOCK_SORTED)
     monkeypatch.setattr(Table, "all_items", STOCK_ALL)
+    monkeypatch.setattr(SQSBackend, "is_message_valid_based_on_retention_period", STOCK_RETENTION)
     monkeypatch.delattr(Table, "_duetime_plain_keys", raising=False)
     # When the speed-ups are installed twice
     moto_speedups.install()
     first = Table.sorted_items
     moto_speedups.install()
-    # Then both methods are replaced, and the second install wraps nothing again
+    # Then the methods are replaced, and the second install wraps nothing again
     assert Table.sorted_items is first and Table.sorted_items is not STOCK_SORTED
     assert Table.all_items is not STOCK_ALL
+    assert SQSBackend.is_message_valid_based_on_retention_period is moto_speedups.retention_check
+
+
+@pytest.mark.parametrize("retention", [60, 86400 * 4])
+def test_the_sqs_retention_check_answers_as_moto_s(aws_mock: None, retention: int) -> None:
+    # Given a queue with that retention period holding messages sent from 2 hours ago up to now
+    sqs = aws.client("sqs")
+    url = sqs.create_queue(QueueName="kept", Attributes={"MessageRetentionPeriod": str(retention)})[
+        "QueueUrl"
+    ]
+    for i in range(6):
+        sqs.send_message(QueueUrl=url, MessageBody=f"m{i}")
+    backend = sqs_backends["123456789012"]["us-east-1"]
+    messages = list(backend.get_queue("kept")._messages)
+    for age_s, message in zip([7200, 3600, 61, 59, 1, 0], messages, strict=True):
+        message.sent_timestamp -= age_s * 1000
+    # When each is checked by moto's method and by the speed-up
+    stock = [STOCK_RETENTION(backend, "kept", m) for m in messages]
+    fast = [moto_speedups.retention_check(backend, "kept", m) for m in messages]
+    # Then both give the same answers, and those answers split at the retention period
+    assert fast == stock
+    assert fast == [age < retention for age in [7200, 3600, 61, 59, 1, 0]]

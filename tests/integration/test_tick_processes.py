@@ -23,7 +23,7 @@ from duetime.config.deps import Deps, deps_from_settings
 from duetime.domain.clock import FixedClock
 from duetime.domain.models import Job, Run, run_id_for
 from duetime.domain.timeutil import from_iso
-from duetime.local.moto_server import make_app
+from duetime.local.moto_server import make_server
 from duetime.local.stack import LOCAL_AWS_ENV
 from duetime.services.claims import tick
 from tests.conftest import T0, make_settings
@@ -38,23 +38,20 @@ JOBS = 40
 def moto_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """moto's server (DynamoDB requests serialised, as the local stack runs it) on a thread of this process; its URL
     is every client's endpoint, with fake credentials only."""
-    from werkzeug.serving import make_server
-
-    monkeypatch.setattr(logging.getLogger("werkzeug"), "level", logging.WARNING)  # no line per request
-    server = make_server("127.0.0.1", 0, make_app(), threaded=True)
-    thread = threading.Thread(target=server.serve_forever, name="moto-server", daemon=True)
+    monkeypatch.setattr(logging.getLogger("waitress"), "level", logging.ERROR)  # no line per queued request
+    server = make_server("127.0.0.1", 0)
+    thread = threading.Thread(target=server.run, name="moto-server", daemon=True)
     thread.start()
     for key, value in LOCAL_AWS_ENV.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.effective_port}")
     aws.reset_clients()
     try:
-        yield f"http://127.0.0.1:{server.server_port}"
+        yield f"http://127.0.0.1:{server.effective_port}"
     finally:
         aws.reset_clients()
-        server.shutdown()
-        server.server_close()
+        server.close()
         from moto.moto_api._internal.models import moto_api_backend  # the tables and queues it held
 
         moto_api_backend.reset()

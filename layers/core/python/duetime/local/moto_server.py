@@ -68,6 +68,37 @@ def make_app() -> WSGIApp:
     return SerializeDynamoDB(DomainDispatcherApplication(create_backend_app))
 
 
+#: waitress's request threads: every process of a stack holds SQS long polls (up to 20 s each) besides its
+#: short calls, and a request beyond the threads waits in waitress's queue
+SERVER_THREADS = 64
+#: open connections at once: each process keeps a pool of them (``max_pool_connections``), kept alive
+SERVER_CONNECTIONS = 2000
+
+
+def make_server(host: str, port: int) -> Any:
+    """moto's app (:func:`make_app`) behind waitress, listening on ``host:port`` (port 0: a free one, read
+    from the result's ``effective_port``); ``run()`` serves until ``close()``.
+
+    waitress, not werkzeug's development server: werkzeug answers every request with ``Connection: close``
+    (its handler cannot drain a request body before the next request line), so each AWS call of every
+    process paid a new TCP connection and moto a new thread; waitress keeps HTTP/1.1 connections alive, as
+    AWS's endpoints do, and serves them from a fixed pool of threads. One difference: waitress drops request
+    headers whose names contain ``_`` (werkzeug's handler as moto configures it kept them for S3 user
+    metadata, which Duetime does not use).
+    """
+    from waitress.server import create_server
+
+    return create_server(
+        make_app(),
+        host=host,
+        port=port,
+        threads=SERVER_THREADS,
+        connection_limit=SERVER_CONNECTIONS,
+        asyncore_use_poll=True,  # select() stops at file descriptor 1024
+        ident="moto",
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
@@ -75,30 +106,24 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     die_with_parent()  # started by `duetime local`: stop with it, even if it is SIGKILLed
 
-    from moto.moto_server.werkzeug_app import MotoRequestHandler
-    from werkzeug.serving import make_server
-
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    # waitress warns on every queued request when all its threads are busy (a burst's long polls)
+    logging.getLogger("waitress").setLevel(logging.ERROR)
     emulate_fair_queues()
     moto_speedups.install()
-
-    class KeepAliveHandler(MotoRequestHandler):
-        # HTTP/1.1: clients keep their connections (werkzeug closes every HTTP/1.0 one), as on AWS
-        protocol_version = "HTTP/1.1"
-
-    server = make_server(args.host, args.port, make_app(), threaded=True, request_handler=KeepAliveHandler)
+    server = make_server(args.host, args.port)
     # Step Functions' service integrations inside moto call back into this server on MOTO_PORT
-    os.environ["MOTO_PORT"] = str(server.server_port)
+    os.environ["MOTO_PORT"] = str(server.effective_port)
     from moto.moto_api._internal.models import moto_api_backend
 
     moto_api_backend.set_config({"stepfunctions": {"execute_state_machine": True}})
-    print(f"PORT {server.server_port}", flush=True)
+    print(f"PORT {server.effective_port}", flush=True)
     try:
-        server.serve_forever()
+        server.run()
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
+        server.close()
         sys.stdout.flush()
 
 

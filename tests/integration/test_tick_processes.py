@@ -23,7 +23,7 @@ from duetime.config.deps import Deps, deps_from_settings
 from duetime.domain.clock import FixedClock
 from duetime.domain.models import Job, Run, run_id_for
 from duetime.domain.timeutil import from_iso
-from duetime.local.moto_server import make_server
+from duetime.local.moto_server import make_server, stop_server
 from duetime.local.stack import LOCAL_AWS_ENV
 from duetime.services.claims import tick
 from tests.conftest import T0, make_settings
@@ -38,7 +38,9 @@ JOBS = 40
 def moto_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """moto's server (DynamoDB requests serialised, as the local stack runs it) on a thread of this process; its URL
     is every client's endpoint, with fake credentials only."""
-    monkeypatch.setattr(logging.getLogger("waitress"), "level", logging.ERROR)  # no line per queued request
+    monkeypatch.setattr(
+        logging.getLogger("waitress.queue"), "level", logging.ERROR
+    )  # no line per queued request
     server = make_server("127.0.0.1", 0)
     thread = threading.Thread(target=server.run, name="moto-server", daemon=True)
     thread.start()
@@ -51,7 +53,7 @@ def moto_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         yield f"http://127.0.0.1:{server.effective_port}"
     finally:
         aws.reset_clients()
-        server.close()
+        stop_server(server, thread)
         from moto.moto_api._internal.models import moto_api_backend  # the tables and queues it held
 
         moto_api_backend.reset()

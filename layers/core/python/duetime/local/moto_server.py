@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -33,6 +35,9 @@ class SerializeDynamoDB:
         self.lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        # moto reads the undecoded path from RAW_URI (gunicorn's and werkzeug's key); waitress gives it as
+        # REQUEST_URI only, and without it an S3 key with "%" or "?" was decoded twice ("a%20b" stored as "a b")
+        environ.setdefault("RAW_URI", environ.get("REQUEST_URI", ""))
         target = environ.get("HTTP_X_AMZ_TARGET", "")
         if target.startswith("DynamoDB_"):
             with self.lock:
@@ -68,16 +73,37 @@ def make_app() -> WSGIApp:
     return SerializeDynamoDB(DomainDispatcherApplication(create_backend_app))
 
 
-#: waitress's request threads: every process of a stack holds SQS long polls (up to 20 s each) besides its
-#: short calls, and a request beyond the threads waits in waitress's queue
-SERVER_THREADS = 64
-#: open connections at once: each process keeps a pool of them (``max_pool_connections``), kept alive
+#: waitress's request threads: every process of a stack holds SQS long polls (a few seconds each) besides its
+#: short calls, and DynamoDB requests wait for :class:`SerializeDynamoDB`'s lock on a thread each; a request
+#: beyond the threads waits in waitress's queue (idle threads cost a little memory, nothing else)
+SERVER_THREADS = 128
+#: open connections at most: each process keeps a pool of them per service (``max_pool_connections``, 32),
+#: kept alive; fewer where the process may open fewer files (:func:`_connection_limit`)
 SERVER_CONNECTIONS = 2000
+#: file descriptors kept for everything but connections (the threads' and moto's own files)
+_FD_MARGIN = 64
+
+
+def _connection_limit() -> int:
+    """:data:`SERVER_CONNECTIONS`, or fewer so that every connection has a file descriptor: the soft limit
+    on open files is first raised to the hard one. (A server out of descriptors would spin on its listening
+    socket, its ``accept()`` failing with EMFILE, and answer nobody.)"""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return SERVER_CONNECTIONS
+    return max(1, min(SERVER_CONNECTIONS, soft - _FD_MARGIN))
 
 
 def make_server(host: str, port: int) -> Any:
     """moto's app (:func:`make_app`) behind waitress, listening on ``host:port`` (port 0: a free one, read
-    from the result's ``effective_port``); ``run()`` serves until ``close()``.
+    from the result's ``effective_port``; a host name is resolved to its first address, so that one socket
+    listens); ``run()`` serves until :func:`stop_server`.
 
     waitress, not werkzeug's development server: werkzeug answers every request with ``Connection: close``
     (its handler cannot drain a request body before the next request line), so each AWS call of every
@@ -88,15 +114,32 @@ def make_server(host: str, port: int) -> Any:
     """
     from waitress.server import create_server
 
+    address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
     return create_server(
         make_app(),
-        host=host,
+        host=address,
         port=port,
         threads=SERVER_THREADS,
-        connection_limit=SERVER_CONNECTIONS,
+        connection_limit=_connection_limit(),
         asyncore_use_poll=True,  # select() stops at file descriptor 1024
         ident="moto",
     )
+
+
+def stop_server(server: Any, thread: threading.Thread | None = None) -> None:
+    """Stop a server of :func:`make_server` whose ``run()`` is on ``thread`` (or another thread): every
+    connection closed, its loop ended (``thread`` joined, up to 5 s), its request threads stopped.
+    (waitress's own ``close()`` closes only the listening socket: its loop and threads go on serving the
+    connections already open.) Stopping it again does nothing."""
+    from waitress import wasyncore
+
+    if getattr(server, "_duetime_stopped", False):
+        return
+    server._duetime_stopped = True
+    server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
+    if thread is not None:
+        thread.join(5)
+    server.task_dispatcher.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -106,9 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     die_with_parent()  # started by `duetime local`: stop with it, even if it is SIGKILLed
 
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    # waitress warns on every queued request when all its threads are busy (a burst's long polls)
-    logging.getLogger("waitress").setLevel(logging.ERROR)
+    # waitress warns on every queued request when all its threads are busy (a burst's DynamoDB requests)
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     emulate_fair_queues()
     moto_speedups.install()
     server = make_server(args.host, args.port)
@@ -119,9 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     moto_api_backend.set_config({"stepfunctions": {"execute_state_machine": True}})
     print(f"PORT {server.effective_port}", flush=True)
     try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
+        server.run()  # until SIGTERM or SIGINT (waitress ends its loop on KeyboardInterrupt)
     finally:
         server.close()
         sys.stdout.flush()

@@ -7,6 +7,8 @@ STAMP  := $(VENV)/.installed
 LOCAL_STAMP := $(VENV)/.installed-local
 # byte-compile the project's own modules (under a second; only what changed): with PYTHONDONTWRITEBYTECODE set,
 # as on some machines, every worker, API and Lambda process the stacks start would compile them from source
+# (each module a process imports lazily, during a benchmark's burst too; `make bench` and `make faults` compile
+# first, as `make run` and `make test` do)
 COMPILE := $(PY) -m compileall -q -j 0 layers functions tests bench > /dev/null
 # the installed packages byte-compiled on every core (pip compiles them on one: about 20 s more here); a file
 # some package ships that does not compile is only left uncached
@@ -96,10 +98,12 @@ fuzz: $(STAMP)
 ## benchmarks (measurements, never pass/fail; ~15 min): cost per run, burst lag vs APScheduler 3, tick claims/s,
 ## scale model; prints a table and writes bench/results/latest.json. ARGS="lag --sizes 100" runs one part.
 bench: $(STAMP)
+	$(COMPILE)
 	$(PY) -m bench $(or $(ARGS),all)
 
 ## the same parts on a small workload (under 3 minutes)
 bench-quick: $(STAMP)
+	$(COMPILE)
 	$(PY) -m bench $(or $(ARGS),all) --quick
 
 ## fault injection at length (tests/faults/README.md): the process-level scenarios with their slow variants, and
@@ -110,5 +114,6 @@ SIM_SEEDS     ?= 5000
 SIM_AWS_SEEDS ?= 5000
 SIM_BASE      ?= 0
 faults: $(STAMP)
+	$(COMPILE)
 	DUETIME_FAULTS_FULL=1 DUETIME_SIM_SEEDS=$(SIM_SEEDS) DUETIME_SIM_AWS_SEEDS=$(SIM_AWS_SEEDS) \
 		DUETIME_SIM_BASE=$(SIM_BASE) $(VENV)/bin/pytest -n 2 -q -m faults tests/faults tests/sim

@@ -138,3 +138,35 @@ def running_worker(worker: Worker) -> Iterator[threading.Thread]:
         worker.stop()
         thread.join(timeout=20)
         assert not thread.is_alive(), "the worker did not stop"
+
+
+@contextlib.contextmanager
+def moto_server_thread(monkeypatch: Any, host: str = "127.0.0.1") -> Iterator[tuple[Any, threading.Thread]]:
+    """moto's server as the local stack runs it (:func:`duetime.local.moto_server.make_server`: DynamoDB
+    serialised, connections kept alive) on a thread of this process, every client of
+    :mod:`duetime.adapters.aws.clients` pointed at it with fake credentials; yields the server (its port:
+    ``effective_port``) and its thread. Stopped, and moto's state reset, on exit."""
+    import logging
+
+    from duetime.local.moto_server import make_server, stop_server
+    from duetime.local.stack import LOCAL_AWS_ENV
+
+    monkeypatch.setattr(
+        logging.getLogger("waitress.queue"), "level", logging.ERROR
+    )  # no line per queued request
+    server = make_server(host, 0)
+    thread = threading.Thread(target=server.run, name="moto-server", daemon=True)
+    thread.start()
+    for key, value in LOCAL_AWS_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.effective_port}")
+    aws.reset_clients()
+    try:
+        yield server, thread
+    finally:
+        aws.reset_clients()
+        stop_server(server, thread)
+        from moto.moto_api._internal.models import moto_api_backend  # the tables and queues it held
+
+        moto_api_backend.reset()

@@ -4,7 +4,6 @@ alive, S3 keys stored as sent, and a stop that ends its loop and refuses new con
 from __future__ import annotations
 
 import http.client
-import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -13,8 +12,8 @@ from typing import Any
 import pytest
 
 from duetime.adapters.aws import clients as aws
-from duetime.local.moto_server import make_server, stop_server
-from duetime.local.stack import LOCAL_AWS_ENV
+from duetime.local.moto_server import stop_server
+from tests.helpers import moto_server_thread
 
 #: DynamoDB's ListTables as botocore sends it (moto checks no signature)
 LIST_TABLES = {
@@ -28,23 +27,8 @@ LIST_TABLES = {
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, threading.Thread]]:
     """moto's server on a thread of this process, every client pointed at it; stopped after the test."""
-    monkeypatch.setattr(logging.getLogger("waitress.queue"), "level", logging.ERROR)
-    server = make_server("localhost", 0)  # a name: resolved to one address, one listening socket
-    thread = threading.Thread(target=server.run, name="moto-server", daemon=True)
-    thread.start()
-    for key, value in LOCAL_AWS_ENV.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.effective_port}")
-    aws.reset_clients()
-    try:
-        yield server, thread
-    finally:
-        aws.reset_clients()
-        stop_server(server, thread)
-        from moto.moto_api._internal.models import moto_api_backend
-
-        moto_api_backend.reset()
+    with moto_server_thread(monkeypatch, host="localhost") as served:  # a name: resolved to one socket
+        yield served
 
 
 def test_two_requests_share_one_connection(served: tuple[Any, threading.Thread]) -> None:

@@ -6,9 +6,7 @@ moto over HTTP, on a server thread of the test process, as a tick reaches Dynamo
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -23,12 +21,10 @@ from duetime.config.deps import Deps, deps_from_settings
 from duetime.domain.clock import FixedClock
 from duetime.domain.models import Job, Run, run_id_for
 from duetime.domain.timeutil import from_iso
-from duetime.local.moto_server import make_server, stop_server
-from duetime.local.stack import LOCAL_AWS_ENV
 from duetime.services.claims import tick
 from tests.conftest import T0, make_settings
 from tests.contract.factories import make_job
-from tests.helpers import drain
+from tests.helpers import drain, moto_server_thread
 
 #: due jobs of shard 0, all due now (their messages go out undelayed, so they can be counted)
 JOBS = 40
@@ -38,25 +34,8 @@ JOBS = 40
 def moto_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """moto's server (DynamoDB requests serialised, as the local stack runs it) on a thread of this process; its URL
     is every client's endpoint, with fake credentials only."""
-    monkeypatch.setattr(
-        logging.getLogger("waitress.queue"), "level", logging.ERROR
-    )  # no line per queued request
-    server = make_server("127.0.0.1", 0)
-    thread = threading.Thread(target=server.run, name="moto-server", daemon=True)
-    thread.start()
-    for key, value in LOCAL_AWS_ENV.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.effective_port}")
-    aws.reset_clients()
-    try:
+    with moto_server_thread(monkeypatch) as (server, _):
         yield f"http://127.0.0.1:{server.effective_port}"
-    finally:
-        aws.reset_clients()
-        stop_server(server, thread)
-        from moto.moto_api._internal.models import moto_api_backend  # the tables and queues it held
-
-        moto_api_backend.reset()
 
 
 @pytest.fixture

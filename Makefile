@@ -95,7 +95,7 @@ lint-infra: synth
 fuzz: $(STAMP)
 	DUETIME_FUZZ_EXAMPLES=200 $(VENV)/bin/pytest -q tests/e2e/test_fuzz_api.py
 
-## benchmarks (measurements, never pass/fail; ~15 min): cost per run, burst lag vs APScheduler 3, tick claims/s,
+## benchmarks (measurements, never pass/fail; ~20 min): cost per run, burst lag vs APScheduler 3, tick claims/s,
 ## scale model; prints a table and writes bench/results/latest.json. ARGS="lag --sizes 100" runs one part.
 bench: $(STAMP)
 	$(COMPILE)

@@ -133,7 +133,7 @@ def retention_check(self: Any, queue_name: str, message: Any) -> bool:
     """``SQSBackend.is_message_valid_based_on_retention_period`` reading the queue's retention period (an
     int, seconds) directly rather than through ``get_queue_attributes`` (which computes every attribute):
     True while ``message`` (its ``sent_timestamp`` in epoch ms) is younger than the queue's retention."""
-    from moto.sqs.models import unix_time  # the clock moto's own method reads
+    from moto.core.utils import unix_time  # the function moto.sqs.models imports and its method calls
 
     retention_period = self.get_queue(queue_name).message_retention_period
     return bool(retention_period + message.sent_timestamp / 1000 > unix_time())

@@ -263,3 +263,26 @@ def test_import_dry_run_reports_a_superscript_digit_as_an_invalid_line(tmp_path:
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(f"{crontab}:1: invalid: ")
     assert "'²' (U+00B2)" in result.stderr and "is not an ASCII digit" in result.stderr
+
+
+def test_the_api_commands_find_a_stack_started_with_state_dir_through_duetime_state_dir(
+    monkeypatch, tmp_path: Path
+) -> None:
+    # Given a stack's state directory elsewhere than ./.duetime, named by DUETIME_STATE_DIR
+    from duetime.cli.client import Client
+
+    monkeypatch.delenv("DUETIME_API_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    state_dir = tmp_path / "elsewhere"
+    state_dir.mkdir()
+    (state_dir / "local.json").write_text('{"api_url": "http://127.0.0.1:48123"}')
+    monkeypatch.setenv("DUETIME_STATE_DIR", str(state_dir))
+    # When the CLI resolves its API with no --api and no DUETIME_API_URL
+    client = Client.resolve(None, None, False)
+    # Then it takes that stack's URL
+    assert client.base_url == "http://127.0.0.1:48123"
+    # And with no state file there, the error names the file it looked for
+    (state_dir / "local.json").unlink()
+    result = runner.invoke(app, ["jobs", "list"])
+    assert result.exit_code == 4
+    assert f"no {state_dir / 'local.json'}" in result.stderr

@@ -40,12 +40,17 @@ class Client:
 
     @classmethod
     def resolve(cls, api: str | None, token: str | None, sigv4: bool, state: Path = LOCAL_STATE) -> Client:
-        """``api`` or ``$DUETIME_API_URL`` or the local stack's URL from ``.duetime/local.json``.
+        """``api`` or ``$DUETIME_API_URL`` or the local stack's URL from its state file: ``state``, which is
+        ``.duetime/local.json`` by default, or ``$DUETIME_STATE_DIR/local.json`` when that variable names the
+        state directory of a stack started with ``--state-dir`` (as ``duetime worker`` finds it).
 
         Raises:
             ApiError: (status 0) when none of them is available.
         """
         url = api or os.environ.get("DUETIME_API_URL")
+        state_dir = os.environ.get("DUETIME_STATE_DIR")
+        if state == LOCAL_STATE and state_dir:
+            state = Path(state_dir) / "local.json"
         if not url and state.is_file():
             url = json.loads(state.read_text()).get("api_url")
         if not url:

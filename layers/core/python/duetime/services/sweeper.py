@@ -240,10 +240,14 @@ def _end_session_lease(
     if session is None or (session.revoked_at is None and not session.alive(now)):
         if not deps.store.revoke_session(session_id, now=now):
             return False
-        owner = session.owner if session is not None else ""
+        # a session never written: its worker is the run's lease owner (the session's owner when it is)
+        owner = session.owner if session is not None else (run.lease_owner or "")
         sessions[session_id] = Session(session_id, owner, now, revoked_at=now)
         result.sessions_revoked += 1
-        logger.warning("worker session expired: revoked", extra={"session_id": session_id, "owner": owner})
+        logger.warning(
+            "worker session expired: revoked",
+            extra={"session_id": session_id, "owner": owner, "written": session is not None},
+        )
     expire_lease(run, deps)
     logger.warning(
         "lease expired",

@@ -1427,9 +1427,11 @@ class Worker:
                 if isinstance(outcome, Run)
                 else f"{finish.outcome.value} (rejected: stale token)"
             )
+            # the reason when the exit code is not all of it (worker_stopped: not counted as an attempt)
+            why = f", {finish.reason}" if finish.reason not in (None, "exit_code") else ""
             print(
                 f"worker[{self.tier}]: run {run.run_id} attempt {run.attempt} -> {shown} "
-                f"(exit {finish.exit_code})",
+                f"(exit {finish.exit_code}{why})",
                 flush=True,
             )
 

@@ -217,6 +217,20 @@ def test_a_second_tick_on_a_leased_shard_does_nothing_until_the_lease_lapses(dep
     assert not taken.busy and taken.claimed == 1
 
 
+def test_a_tick_with_nothing_due_takes_no_lease(deps: Deps, clock) -> None:
+    # Given a job due in 5 minutes, beyond the lookahead, and the shard's lease held by nobody
+    job = _job(deps)
+    # When its shard ticks now
+    idle = claims.tick(job.shard, deps, owner="idle")
+    # Then the tick claimed nothing and left the lease alone: another owner takes it at once
+    assert (idle.claimed, idle.busy) == (0, False)
+    assert deps.store.acquire_shard_lease(job.shard, owner="other", now=clock.now(), lease_seconds=60)
+    # and once the job is due, a tick sees it and finds the shard's lease held
+    clock.advance(270)
+    assert deps.store.acquire_shard_lease(job.shard, owner="other", now=clock.now(), lease_seconds=60)
+    assert claims.tick(job.shard, deps, owner="late").busy
+
+
 def test_a_sub_tick_rate_job_gets_every_slot_in_the_lookahead(deps: Deps, clock) -> None:
     # Given rate(20 seconds) with a 60 s tick and 15 s margin: the lookahead holds 3 slots
     job = _job(deps, every="rate(20 seconds)")

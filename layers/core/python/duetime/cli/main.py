@@ -263,7 +263,12 @@ def worker(
         from duetime.local import callcount  # (loads boto3: only then)
 
         callcount.install_from_env()
-    w = Worker(default_deps(), tier, slots=slots)
+    deps = default_deps()
+    if deps.settings.backend != "sqlite":  # the AWS clients every run uses, made before the first run
+        from duetime.adapters.aws import clients
+
+        clients.warm("dynamodb", "sqs", "s3")
+    w = Worker(deps, tier, slots=slots)
     # SIGTERM/SIGINT only set the worker's stop flag (no lock: a second or third signal is harmless)
     handle_stop_signals(w)
     from duetime.local.lifeline import die_with_parent

@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from itertools import islice
+from itertools import chain, islice
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_readable
 from multiprocessing.process import BaseProcess
@@ -500,9 +500,12 @@ def tick(
 ) -> TickResult:
     """Claim every run of ``shard`` due within the lookahead (now + tick period + margin).
 
-    The tick first takes the shard's lease (one tick per shard at a time; a dead tick's lease lapses after
-    one tick period); if another tick holds it, this one does nothing (``result.busy``). Correctness never
-    depends on the lease: every claim is conditional. The due jobs are claimed in batches of
+    The tick first reads the shard's due index; with nothing due by ``until`` it is done, having written
+    nothing (a quiet shard's tick costs its due keys' queries alone). Otherwise it takes the shard's lease
+    (one tick per shard at a time; a dead tick's lease lapses after one tick period); if another tick holds
+    it, this one does nothing more (``result.busy``). Correctness never depends on the lease: every claim is
+    conditional, so jobs read before the lease was taken are claimed like any other (one another tick
+    claimed meanwhile counts as ``already_claimed`` or not advanced). The due jobs are claimed in batches of
     ``settings.claim_batch_size`` (:func:`claim_until_batch`), up to ``settings.claim_concurrency`` batches
     at once (threads; claims of different jobs touch different items, and two claims of one job race only
     on conditional writes, as two ticks would). One failing job never stops the others: a batch that fails
@@ -524,21 +527,28 @@ def tick(
         the tick's counts (:class:`TickResult`).
 
     Raises:
-        the store's faults of taking or releasing the lease (nothing claimed, or everything claimed stands).
+        the store's faults of the first read of the due index or of taking the lease (nothing claimed), or
+        of releasing it (everything claimed stands).
     """
     now = deps.clock.now()
     until = now + timedelta(seconds=deps.settings.tick_lookahead_seconds)
     result = TickResult(shard=shard)
     me = owner or f"tick-{uuid.uuid4().hex[:12]}"
+    width = processes or deps.settings.tick_processes
+    # the first due job, if any (its key's page read: with one process, the claims go on from this very
+    # read; with several, each child reads its own part again)
+    due = iter(deps.store.query_due(shard, until))
+    first = next(due, None)
+    if first is None:
+        return result
     if not deps.store.acquire_shard_lease(
         shard, owner=me, now=now, lease_seconds=deps.settings.tick_period_seconds
     ):
         result.busy = True
         return result
-    width = processes or deps.settings.tick_processes
     try:
         if width == 1:
-            result.merge(claim_due(shard, deps, until))
+            result.merge(claim_due(shard, deps, until, due=chain([first], due)))
         else:
             timeout = child_timeout_seconds
             result.merge(
@@ -623,10 +633,19 @@ def _claim_part(sender: Connection, shard: int, deps: Deps, until: datetime, par
     sender.close()
 
 
-def claim_due(shard: int, deps: Deps, until: datetime, *, part: int = 0, parts: int = 1) -> TickResult:
+def claim_due(
+    shard: int,
+    deps: Deps,
+    until: datetime,
+    *,
+    part: int = 0,
+    parts: int = 1,
+    due: Iterator[Job] | None = None,
+) -> TickResult:
     """Claim the runs of ``shard`` due by ``until`` (UTC), of part ``part`` of ``parts`` of its due jobs
-    (``store.query_due``), without the shard's lease (:func:`tick` holds it): batches of
-    ``settings.claim_batch_size``, up to ``settings.claim_concurrency`` at once (threads).
+    (``store.query_due``; or ``due``, that query already begun), without the shard's lease (:func:`tick`
+    holds it): batches of ``settings.claim_batch_size``, up to ``settings.claim_concurrency`` at once
+    (threads).
 
     Returns:
         the counts (``busy`` never set).
@@ -668,8 +687,8 @@ def claim_due(shard: int, deps: Deps, until: datetime, *, part: int = 0, parts: 
             result.not_advanced += 0 if outcome.advanced else 1
 
     def chunks() -> Iterator[list[Job]]:
-        due = iter(deps.store.query_due(shard, until, part=part, parts=parts))
-        while chunk := list(islice(due, deps.settings.claim_batch_size)):
+        jobs = due if due is not None else iter(deps.store.query_due(shard, until, part=part, parts=parts))
+        while chunk := list(islice(jobs, deps.settings.claim_batch_size)):
             yield chunk
 
     width = deps.settings.claim_concurrency

@@ -48,6 +48,14 @@ def client(service: str) -> Any:
         return _clients[service]
 
 
+def warm(*services: str) -> None:
+    """Create the clients of ``services`` now (:func:`client`), for a long-lived process that will use them:
+    a worker at its start, so its first runs do not pay for them (about 60 ms of CPU each: botocore loads
+    and builds the service model). Lambda handlers never call it (a cold start pays only for what it uses)."""
+    for service in services:
+        client(service)
+
+
 def add_client_hook(hook: ClientHook) -> None:
     """Call ``hook(client)`` on every client :func:`client` creates from now on (clients already cached are
     not revisited: :func:`reset_clients` first for that). Adding the same hook again changes nothing."""

@@ -211,6 +211,10 @@ class LocalStack:
             print(f"Backend: sqlite, state in {opts.state_dir.resolve()}", flush=True)
         print(f"State: {opts.state_file.resolve()}", flush=True)
         self._reap_leftover_tasks()
+        if self.aws_endpoint:  # the clock loop's ticks and sweeps use these from the first due run on
+            from duetime.adapters.aws import clients
+
+            clients.warm("dynamodb", "sqs")
         self._start_clock()
         for tier in CONTAINER_TIERS:
             for _ in range(opts.workers):

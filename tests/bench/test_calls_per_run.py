@@ -167,12 +167,15 @@ def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
     assert result.claimed == 1
 
     # Then a tick with nothing due costs one empty Query per due key of its shard and one of the legacy key
-    # (rows written before the spread) (plus its shard lease), and the due job adds exactly: PutItem run,
-    # UpdateItem job (advance), SendMessageBatch, and its bytes in its key's Query page
-    fixed_ops = ops(fixed)
-    assert fixed_ops["dynamodb Query test-jobs"] == DUE_KEYS_PER_SHARD + 1
+    # (rows written before the spread), and nothing else: no shard lease taken, nothing written
+    assert ops(fixed) == {"dynamodb Query test-jobs": DUE_KEYS_PER_SHARD + 1}
     assert [r["items"] for r in fixed if r["op"] == "Query"] == [0] * (DUE_KEYS_PER_SHARD + 1)
-    per_run = ops(ticked) - fixed_ops
+    assert wru(fixed) == 0
+    # and a tick with a due job takes and releases the shard's lease (2 UpdateItems, 1 write unit each, once
+    # per tick whatever it claims), and the due job adds exactly: PutItem run, UpdateItem job (advance),
+    # SendMessageBatch, and its bytes in its key's Query page
+    per_tick = Counter({"dynamodb UpdateItem test-jobs": 2})
+    per_run = ops(ticked) - ops(fixed) - per_tick
     assert per_run == {
         "dynamodb PutItem test-runs": 1,
         "dynamodb UpdateItem test-jobs": 1,
@@ -181,7 +184,7 @@ def test_a_scheduled_run_costs_the_tick_three_calls_beyond_its_fixed_cost(
     assert sorted(r["items"] for r in ticked if r["op"] == "Query") == [0] * DUE_KEYS_PER_SHARD + [1]
     # put run: table + watchdog; advance (next_fire_at moves): table + due delete + due put; by_tenant
     # projects only state and name, so a claim never writes it
-    assert wru(ticked) - wru(fixed) == 2 + 3
+    assert wru(ticked) - wru(fixed) == 2 + 3 + 2
 
     # And the worker's run is the same six calls as a run-now job's
     Worker(deps, "small").poll_once()

@@ -160,7 +160,7 @@ def test_a_sigkilled_stack_started_again_keeps_everything_and_runs_nothing_twice
         down = [r for r in every if killed_at < _ts(r["due_at"]) < back_at - timedelta(seconds=6)]
         # (a slot due just after the kill may have been started by a worker in the moment before its death
         # signal came: interrupted then, like the sleeper, it is retried; a retry is not subject to catch-up)
-        assert all(r["state"] == "SKIPPED" or _interrupted(r) for r in down), down
+        assert all(r["state"] == "SKIPPED" or _interrupted(r) for r in down), (killed_at, back_at, down)
         assert restarted.request("GET", f"/jobs/{ids['every-10s']}")[1]["missed_slots"] >= 1
         assert any(_ts(r["due_at"]) > back_at and r["state"] == "SUCCEEDED" for r in every)
         # and nothing ran twice: every run but the interrupted one has one attempt

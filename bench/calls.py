@@ -1,10 +1,11 @@
 """Read the call records of :mod:`duetime.local.callcount` and split them into per-run and fixed costs (pure).
 
 Fixed costs are what the system spends whatever is due: every tick (one per shard, once a minute in AWS) makes
-a due-index query and takes and releases its shard lease; every sweep queries each shard's watchdog index;
-idle workers long-poll their queues. The bench records an idle window first (stack up, nothing submitted):
-every DynamoDB item touched there (the lease rows) is a fixed-cost item, and the idle window's calls per
-tick and per sweep are the fixed profile it reports. In the workload window, record by record:
+its due-index queries, and a tick that finds something due takes and releases its shard lease (per tick,
+whatever it claims); every sweep queries each shard's watchdog index; idle workers long-poll their queues.
+The bench records an idle window first (stack up, nothing submitted): every DynamoDB item touched there is a
+fixed-cost item, as are the shard lease rows (an idle tick no longer touches them), and the idle window's
+calls per tick and per sweep are the fixed profile it reports. In the workload window, record by record:
 
 - fixed: empty polls, empty queries, the *request* of every tick and sweep query, calls on fixed-cost items;
 - per run: everything else, and the *bytes* tick and sweep queries return (``bytes / 4 KB`` RRU, half for
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from duetime.adapters.aws.resources import WATCH_KEYS_PER_SHARD
+from duetime.adapters.aws.resources import SHARD_LEASE_PREFIX, WATCH_KEYS_PER_SHARD
 from duetime.local.callcount import READ_UNIT_BYTES
 
 #: the local stack's clock-loop thread (tick per shard, then the sweeper)
@@ -168,6 +169,11 @@ def _item(record: Mapping[str, Any]) -> tuple[str, str] | None:
     return (str(record.get("table")), str(key)) if key else None
 
 
+def is_shard_lease(record: Mapping[str, Any]) -> bool:
+    """A write of a shard's lease row (callcount's key text is the key's value: ``#shard-lease#<n>``)."""
+    return str(record.get("key") or "").startswith(SHARD_LEASE_PREFIX)
+
+
 def _first_pages(records: Iterable[Mapping[str, Any]], kind: Any) -> int:
     return sum(1 for r in records if kind(r) and not r.get("page"))
 
@@ -201,7 +207,7 @@ def split(
             variable.rru += weight * by_bytes.rru
             variable.ms += by_bytes.ms
             clock_ms += by_bytes.ms
-        elif _item(r) in fixed_items:
+        elif _item(r) in fixed_items or is_shard_lease(r):
             fixed.add(r)
         else:
             # the sweeper's reads of overdue runs and their sessions: at AWS's sweep rate

@@ -369,9 +369,10 @@ def price_it(raw: dict[str, Any]) -> dict[str, Any]:
         "eventbridge_scheduler_usd_per_million": round(price("eventbridge_scheduler_invocation") * 1e6, 2),
         "fixed": {
             "note": (
-                "not per run: every tick (one per shard per minute in AWS) queries its shard's due index and "
-                "takes and releases its shard lease; every sweep (one per minute) queries each shard's "
-                "watchdog index; idle workers long-poll their queue"
+                "not per run: every tick (one per shard per minute in AWS) queries its shard's due index "
+                "(per_tick: an idle tick); one that finds something due also takes and releases its shard "
+                "lease, 2 write units per tick whatever it claims; every sweep (one per minute) queries each "
+                "shard's watchdog index; idle workers long-poll their queue"
             ),
             "per_tick": tick.as_dict(),
             "per_sweep": sweep.as_dict(),

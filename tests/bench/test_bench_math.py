@@ -9,7 +9,7 @@ import pytest
 
 from bench import calls, model
 from bench.stats import percentile, summarize
-from duetime.adapters.aws.resources import WATCH_KEYS_PER_SHARD
+from duetime.adapters.aws.resources import SHARD_LEASE_PREFIX, WATCH_KEYS_PER_SHARD
 from duetime.local.callcount import TableSchema, item_size, read_units, sqs_requests, value_size, write_units
 
 
@@ -76,11 +76,13 @@ def _rec(t: float, op: str, **kw: Any) -> dict[str, Any]:
 
 
 def _iteration(t: float, *, items: int = 0, read_bytes: int = 0) -> list[dict[str, Any]]:
-    """One clock iteration on 1 shard: lease acquire, due query, lease release, a sweep query per watch key."""
+    """One clock iteration on 1 shard: a due query (and when it finds something due, the shard lease taken
+    before the claims and released after them), a sweep query per watch key."""
+    lease = [_rec(t, "UpdateItem", table="x-jobs", key=f"{SHARD_LEASE_PREFIX}0", wru=1)] if items else []
     return [
-        _rec(t, "UpdateItem", table="x-jobs", key="lease-0", wru=1),
         _rec(t, "Query", table="x-jobs", index="due", items=items, read_bytes=read_bytes, rru=0.5),
-        _rec(t, "UpdateItem", table="x-jobs", key="lease-0", wru=1),
+        *lease,
+        *lease,
     ] + [
         _rec(t, "Query", table="x-runs", index="watchdog", items=0, read_bytes=0, rru=0.5)
         for _ in range(WATCH_KEYS_PER_SHARD)
@@ -102,11 +104,12 @@ def test_the_split_books_ticks_sweeps_leases_and_idle_polls_as_fixed_and_the_res
         _rec(12, "ReceiveMessage", svc="sqs", thread="MainThread", messages=0),
     ]
     split = calls.split(idle, window, shards=1)
-    # Then the fixed part is 3 x (2 lease writes + 1 + 4 queries, 0.5 RRU each) and the empty poll
+    # Then the fixed part is 3 x (1 + 4 queries, 0.5 RRU each), the busy tick's 2 lease writes (a lease row
+    # the idle window never touched) and the empty poll
     assert (split.ticks, split.sweeps, split.idle_polls) == (3, 3, 1)
     queries = 1 + WATCH_KEYS_PER_SHARD
-    assert split.fixed.wru == 6 and split.fixed.rru == pytest.approx(3 * queries * 0.5 - 2048 / 4096 / 2)
-    assert dict(split.per_tick.calls) == {"dynamodb UpdateItem jobs": 2, "dynamodb Query jobs/due": 1}
+    assert split.fixed.wru == 2 and split.fixed.rru == pytest.approx(3 * queries * 0.5 - 2048 / 4096 / 2)
+    assert dict(split.per_tick.calls) == {"dynamodb Query jobs/due": 1}
     assert dict(split.per_sweep.calls) == {"dynamodb Query runs/watchdog": WATCH_KEYS_PER_SHARD}
     # and per run: the claim's three calls, its units, and the query's bytes (2 KB eventually consistent)
     assert dict(split.variable.calls) == {

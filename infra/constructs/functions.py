@@ -128,9 +128,10 @@ API = FunctionSpec(
         ),
     ),
 )
-#: The tick runs ``duetime.services.claims.tick``: take the shard lease (UpdateItem on its item in the jobs table),
-#: Query the due index (each of the shard's due keys), then per job PutItem run, UpdateItem job, SendMessage to
-#: the run's tier; release. Its memory is the stage's (``StageConfig.tick_memory_mb``: a vCPU per process).
+#: The tick runs ``duetime.services.claims.tick``: Query the due index (each of the shard's due keys); with
+#: something due, take the shard lease (UpdateItem on its item in the jobs table), then per job PutItem run,
+#: UpdateItem job, SendMessage to the run's tier; release. Its memory is the stage's
+#: (``StageConfig.tick_memory_mb``: a vCPU per process).
 TICK = FunctionSpec(
     "tick",
     "Duetime tick: claim the due runs of one shard",

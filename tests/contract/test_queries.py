@@ -418,6 +418,13 @@ def test_query_due_parts_split_a_shards_due_jobs_disjoint_each_oldest_first(adap
         # and a job's part is fixed: asked again, the same split
         assert parts(count) == split
     assert parts(2)[0] and parts(2)[1]
+    # and read one job per request, every part still comes whole, oldest first
+    for count in (1, 3):
+        paged = [
+            [j.job_id for j in store.query_due(2, FAR, part=p, parts=count, page_size=1)]
+            for p in range(count)
+        ]
+        assert paged == parts(count)
     # And a part outside the range is refused
     for part, count in ((2, 2), (-1, 2), (0, 0)):
         with pytest.raises(ValueError):

@@ -218,13 +218,15 @@ def test_a_second_tick_on_a_leased_shard_does_nothing_until_the_lease_lapses(dep
 
 
 def test_a_tick_with_nothing_due_takes_no_lease(deps: Deps, clock) -> None:
-    # Given a job due in 5 minutes, beyond the lookahead, and the shard's lease held by nobody
+    # Given a job due in 5 minutes, beyond the lookahead, and the shard's lease held by another tick
     job = _job(deps)
+    assert deps.store.acquire_shard_lease(job.shard, owner="other", now=clock.now(), lease_seconds=60)
     # When its shard ticks now
     idle = claims.tick(job.shard, deps, owner="idle")
-    # Then the tick claimed nothing and left the lease alone: another owner takes it at once
+    # Then the tick read the due index, found nothing due and stopped there: not busy (it never asked for
+    # the lease), and the other tick still holds it
     assert (idle.claimed, idle.busy) == (0, False)
-    assert deps.store.acquire_shard_lease(job.shard, owner="other", now=clock.now(), lease_seconds=60)
+    assert not deps.store.acquire_shard_lease(job.shard, owner="third", now=clock.now(), lease_seconds=60)
     # and once the job is due, a tick sees it and finds the shard's lease held
     clock.advance(270)
     assert deps.store.acquire_shard_lease(job.shard, owner="other", now=clock.now(), lease_seconds=60)

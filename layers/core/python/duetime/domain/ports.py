@@ -125,12 +125,17 @@ class JobStore(Protocol):
         index alone, without reading the jobs themselves: what a page of a console shows. May lag a job's
         change of state or name by a moment (DynamoDB's index is eventually consistent)."""
 
-    def query_due(self, shard: int, until: datetime, *, part: int = 0, parts: int = 1) -> Iterator[Job]:
+    def query_due(
+        self, shard: int, until: datetime, *, part: int = 0, parts: int = 1, page_size: int | None = None
+    ) -> Iterator[Job]:
         """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (may lag writes by a moment).
 
         ``part`` of ``parts`` (a tick of several processes gives each its own part): the shard's due jobs
         split into ``parts`` disjoint parts, fixed per job, that together are all of them; this part's,
         oldest first. Which part holds a job is the store's choice (some parts may be empty).
+
+        ``page_size``: jobs read per request (None: the store's own page); a caller that only asks whether
+        anything is due passes 1 and reads one job, so the first page costs next to nothing.
 
         Raises:
             ValueError: ``part`` is not in ``range(parts)``.

@@ -504,8 +504,9 @@ def tick(
     nothing (a quiet shard's tick costs its due keys' queries alone). Otherwise it takes the shard's lease
     (one tick per shard at a time; a dead tick's lease lapses after one tick period); if another tick holds
     it, this one does nothing more (``result.busy``). Correctness never depends on the lease: every claim is
-    conditional, so jobs read before the lease was taken are claimed like any other (one another tick
-    claimed meanwhile counts as ``already_claimed`` or not advanced). The due jobs are claimed in batches of
+    conditional, so jobs read before the lease was taken are claimed like any other (what another tick
+    claimed meanwhile counts as ``already_claimed`` or not advanced; a slot past that tick's lookahead is
+    claimed here, its second wake-up message rejected at the start). The due jobs are claimed in batches of
     ``settings.claim_batch_size`` (:func:`claim_until_batch`), up to ``settings.claim_concurrency`` batches
     at once (threads; claims of different jobs touch different items, and two claims of one job race only
     on conditional writes, as two ticks would). One failing job never stops the others: a batch that fails
@@ -535,14 +536,14 @@ def tick(
     result = TickResult(shard=shard)
     me = owner or f"tick-{uuid.uuid4().hex[:12]}"
     width = processes or deps.settings.tick_processes
-    # the first due job, if any (its key's page read: with one process, the claims go on from this very
-    # read; with several, each child reads its own part again)
-    due = iter(deps.store.query_due(shard, until))
+    # the first due job, if any: with one process the claims go on from this very read; with several each
+    # child reads its own part, so this read only asks whether anything is due (one job per request)
+    due = iter(deps.store.query_due(shard, until, page_size=None if width == 1 else 1))
     first = next(due, None)
     if first is None:
         return result
     if not deps.store.acquire_shard_lease(
-        shard, owner=me, now=now, lease_seconds=deps.settings.tick_period_seconds
+        shard, owner=me, now=deps.clock.now(), lease_seconds=deps.settings.tick_period_seconds
     ):
         result.busy = True
         return result

@@ -89,6 +89,8 @@ _ser = TypeSerializer()
 #: the largest ``Limit`` of one page of a filtered Query (:meth:`DynamoStore._collect`); DynamoDB also ends a
 #: page at 1 MB read
 COLLECT_MAX_PAGE = 1000
+#: the ``Limit`` of each due-index Query of a tick (:meth:`DynamoStore.query_due`), per due key
+DUE_PAGE_SIZE = 500
 _de = TypeDeserializer()
 
 
@@ -713,14 +715,15 @@ class DynamoStore:
         )
 
     def query_due(
-        self, shard: int, until: datetime, *, part: int = 0, parts: int = 1, page_size: int = 500
+        self, shard: int, until: datetime, *, part: int = 0, parts: int = 1, page_size: int | None = None
     ) -> Iterator[Job]:
         """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (due GSI; eventually consistent):
         the shard's due keys (:func:`~duetime.adapters.aws.resources.due_keys`) queried page by page and
         merged by due time, and the legacy key (the shard's own number: rows written before the spread).
 
         ``part`` of ``parts``: only the keys whose position ``i`` has ``i % parts == part``, the legacy key
-        with part 0 (so with ``parts`` above the key count, the parts past it are empty).
+        with part 0 (so with ``parts`` above the key count, the parts past it are empty). ``page_size``: the
+        ``Limit`` of each Query (None: :data:`DUE_PAGE_SIZE`).
 
         Raises:
             ValueError: ``part`` is not in ``range(parts)``.
@@ -731,7 +734,7 @@ class DynamoStore:
         if part == 0:
             keys.append(shard)
         yield from heapq.merge(
-            *(self._query_due_key(key, until, page_size) for key in keys),
+            *(self._query_due_key(key, until, page_size or DUE_PAGE_SIZE) for key in keys),
             key=lambda job: job.next_fire_at or until,
         )
 

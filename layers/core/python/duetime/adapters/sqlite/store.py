@@ -438,8 +438,11 @@ class SqliteStore:
             token = self._encode_token("jobs", tenant, [str(last[1]), str(last[2])])
         return docs, token
 
-    def query_due(self, shard: int, until: datetime, *, part: int = 0, parts: int = 1) -> Iterator[Job]:
-        """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (then by job id).
+    def query_due(
+        self, shard: int, until: datetime, *, part: int = 0, parts: int = 1, page_size: int | None = None
+    ) -> Iterator[Job]:
+        """Jobs of ``shard`` whose ``next_fire_at <= until``, oldest first (then by job id), read
+        ``page_size`` rows at a time (None: ``PAGE_SIZE``).
 
         ``part`` of ``parts``: the jobs whose id hashes (BLAKE2b, stable across processes) to ``part`` mod
         ``parts`` (one file has no partitions to spread; the parts only split a tick's work).
@@ -449,11 +452,11 @@ class SqliteStore:
         """
         if not 0 <= part < parts:
             raise ValueError(f"part {part} is not one of {parts} parts")
-        for job in self._query_due(shard, until):
+        for job in self._query_due(shard, until, max(1, page_size or PAGE_SIZE)):
             if parts == 1 or _part_of(job.job_id, parts) == part:
                 yield job
 
-    def _query_due(self, shard: int, until: datetime) -> Iterator[Job]:
+    def _query_due(self, shard: int, until: datetime, page_size: int) -> Iterator[Job]:
         last: tuple[str, str] | None = None
         while True:
             sql = (
@@ -464,10 +467,10 @@ class SqliteStore:
             if last is not None:
                 sql += " AND (next_fire_at, job_id) > (?, ?)"
                 params.extend(last)
-            rows = self.db.read(sql + " ORDER BY next_fire_at, job_id LIMIT ?", [*params, PAGE_SIZE])
+            rows = self.db.read(sql + " ORDER BY next_fire_at, job_id LIMIT ?", [*params, page_size])
             for row in rows:
                 yield Job.from_stored(json.loads(row[0]))
-            if len(rows) < PAGE_SIZE:
+            if len(rows) < page_size:
                 return
             last = (str(rows[-1][1]), str(rows[-1][2]))
 

@@ -38,6 +38,32 @@ def test_the_same_key_with_a_different_body_is_a_409_that_says_so(api: ModuleTyp
     assert status == 409 and "different request body" in body["error"]["message"]
 
 
+def test_the_same_key_while_its_first_request_runs_is_a_409_with_retry_after(
+    api: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a submit that, while it is being handled, sees the same request with the same key arrive
+    from duetime.services import jobs
+
+    create = jobs.create_job
+    seen: list[tuple[int, dict, dict]] = []
+
+    def create_while_retried(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(call(api, "POST", "/jobs", JOB, headers={"idempotency-key": "k-busy"}))
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "create_job", create_while_retried)
+    first = call(api, "POST", "/jobs", JOB, headers={"idempotency-key": "k-busy"})
+    # Then the second is told to retry shortly (the first still runs), and the first makes the job
+    [(status, body, headers)] = seen
+    assert status == 409 and body["error"]["code"] == "request_in_progress"
+    assert "still in progress" in body["error"]["message"] and headers["retry-after"] == "1"
+    assert first[0] == 201
+    # and once the first is done, the same key answers with its job
+    monkeypatch.setattr(jobs, "create_job", create)
+    again = call(api, "POST", "/jobs", JOB, headers={"idempotency-key": "k-busy"})
+    assert (again[0], again[1]["job_id"]) == (201, first[1]["job_id"])
+
+
 def test_idempotency_keys_are_scoped_by_tenant(api: ModuleType) -> None:
     a = call(api, "POST", "/jobs", JOB, headers={"idempotency-key": "k"}, tenant="alice")
     b = call(api, "POST", "/jobs", JOB, headers={"idempotency-key": "k"}, tenant="bob")

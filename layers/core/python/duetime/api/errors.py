@@ -21,6 +21,7 @@ from duetime.domain.errors import (
     NotFoundError,
     QuotaExceededError,
     RequestFieldError,
+    RequestInProgressError,
     ScheduleError,
     ThrottledError,
 )
@@ -103,6 +104,13 @@ def conflict(exc: ConflictError) -> Response[str]:
     return error_response(409, "conflict", str(exc))
 
 
+def request_in_progress(exc: RequestInProgressError) -> Response[str]:
+    """409 ``request_in_progress`` + Retry-After: the same Idempotency-Key's first request is still running."""
+    response = error_response(409, "request_in_progress", str(exc))
+    response.headers["Retry-After"] = str(exc.retry_after)
+    return response
+
+
 def job_exists(exc: JobExistsError) -> Response[str]:
     return error_response(409, "job_exists", str(exc), "job_id")
 
@@ -138,6 +146,7 @@ HANDLERS: dict[type[Exception], Callable[[Any], Response[str]]] = {
     RequestFieldError: field_error,
     NotFoundError: not_found,
     ConflictError: conflict,
+    RequestInProgressError: request_in_progress,
     JobExistsError: job_exists,
     QuotaExceededError: quota_exceeded,
     ThrottledError: throttled,

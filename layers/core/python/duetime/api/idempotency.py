@@ -22,7 +22,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
     IdempotencyValidationError,
 )
 
-from duetime.domain.errors import ConflictError, RequestFieldError
+from duetime.domain.errors import ConflictError, RequestFieldError, RequestInProgressError
 from duetime.services.deps import Deps
 
 #: Longest accepted Idempotency-Key header (AWS's own ClientToken limit is 64; Stripe's is 255).
@@ -70,7 +70,7 @@ def once(
     Raises:
         RequestFieldError: the key is empty or too long, or the deployment keeps no idempotency records.
         IdempotencyKeyReusedError: the key was used with a different body.
-        ConflictError: the first request with this key is still being processed.
+        RequestInProgressError: the first request with this key is still being processed (409, Retry-After).
     """
     if key is None:
         return handler()
@@ -91,6 +91,6 @@ def once(
             f"Idempotency-Key {key!r} was already used with a different request body"
         ) from None
     except IdempotencyAlreadyInProgressError:
-        raise ConflictError(
+        raise RequestInProgressError(
             f"a request with Idempotency-Key {key!r} is still in progress; retry shortly"
         ) from None

@@ -58,6 +58,14 @@ class ConflictError(DuetimeError):
     """The request conflicts with the resource's current state (HTTP 409)."""
 
 
+class RequestInProgressError(ConflictError):
+    """A request with the same ``Idempotency-Key`` is still being handled (HTTP 409 with ``Retry-After``):
+    retrying it shortly gets that request's response."""
+
+    #: seconds a client should wait before retrying (the ``Retry-After`` header)
+    retry_after = 1
+
+
 class ChangedMeanwhileError(ConflictError):
     """A conditional write of a job found it changed since it was read (another request, a tick's claim):
     the service reads it again and re-applies the request (:func:`duetime.services.jobs.update_job`); HTTP

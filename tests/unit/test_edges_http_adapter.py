@@ -134,6 +134,8 @@ def test_a_body_over_10_mb_is_a_json_413_before_it_is_read(port: int) -> None:
     assert status == 413
     message = assert_api_error(headers, body, "request_entity_too_large")
     assert "11,534,336 bytes" in message and "10,485,760" in message
+    # written as the API writes its own errors (compact JSON, the same key order)
+    assert body.startswith(b'{"error":{"code":"request_entity_too_large","message":"the request body is ')
 
 
 def test_a_chunked_body_over_10_mb_is_a_json_413(port: int) -> None:

@@ -10,7 +10,6 @@ headers: 431; HTTP/2 or later: 505).
 from __future__ import annotations
 
 import base64
-import json
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -24,6 +23,7 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
 from duetime.api.console.render import session_token
+from duetime.api.errors import error_body as api_error_body
 
 Invoke = Callable[[dict[str, Any]], Any]
 
@@ -50,7 +50,7 @@ def error_body(status: int, message: str, field: str | None = None) -> bytes:
     except ValueError:
         code = "http_error"
     code = {"request_uri_too_long": "uri_too_long"}.get(code, code)
-    return json.dumps({"error": {"code": code, "message": message, "field": field}}).encode()
+    return api_error_body(code, message, field).encode()  # the same shape and spacing as the API's own
 
 
 class JsonErrorRequestHandler(WSGIRequestHandler):
